@@ -1,0 +1,1 @@
+"""Tessera stream service (WebRTC sessions, PyAV encoder); built by the streaming issue."""

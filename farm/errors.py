@@ -1,0 +1,141 @@
+"""The one tree of Tessera's errors: each carries a message a user can act on and structured fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FarmError(Exception):
+    """Base of every error Tessera raises on purpose.
+
+    ``message`` is one line a user can act on; ``fields`` holds structured detail (paths, ids,
+    limits) for logs, JSON output and API bodies.
+    """
+
+    code = "farm_error"
+    #: process exit status the CLI uses for this kind of error
+    exit_status = 1
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message, **self.fields}
+
+
+# --- the user's input is wrong: CLI exit 2, API 4xx -------------------------------------------
+
+
+class InputError(FarmError):
+    """Something the user gave us is unusable; nothing was queued."""
+
+    code = "bad_input"
+    exit_status = 2
+
+
+class BadParameter(InputError):
+    code = "bad_parameter"
+
+
+class BadFrameList(InputError):
+    code = "bad_frame_list"
+
+
+class BadTileGrid(InputError):
+    code = "bad_tile_grid"
+
+
+class BadBlendFile(InputError):
+    """Not a .blend, truncated, corrupt, or unreadable by this Blender."""
+
+    code = "bad_blend_file"
+
+
+class MissingFiles(InputError):
+    """Textures, libraries or other external files the scene needs are not there."""
+
+    code = "missing_files"
+
+
+class NoCamera(InputError):
+    code = "no_camera"
+
+
+# --- state and lookups -------------------------------------------------------------------------
+
+
+class NotFound(FarmError):
+    code = "not_found"
+    exit_status = 3
+
+
+class IllegalTransition(FarmError):
+    """A job or tile was asked to move between states the transition table forbids."""
+
+    code = "illegal_transition"
+
+
+class Conflict(FarmError):
+    """A compare-and-set lost: somebody else changed the record first (stale attempt, late commit)."""
+
+    code = "conflict"
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+class RenderError(FarmError):
+    """A tile or frame could not be rendered; the tile may be retried."""
+
+    code = "render_failed"
+
+
+class BlenderCrashed(RenderError):
+    """The Blender child process died (a signal or an exit) while working."""
+
+    code = "blender_crashed"
+
+
+class TileTimeout(RenderError):
+    """The tile outlived its time limit; the Blender child was killed with it."""
+
+    code = "tile_timeout"
+
+
+class DeviceUnavailable(RenderError):
+    """The device asked for (a GPU backend, a GPU index) is not present or not usable."""
+
+    code = "device_unavailable"
+
+
+# --- the machine and outside systems ------------------------------------------------------------
+
+
+class SetupError(FarmError):
+    """A program or package the farm needs is missing; the message names the set-up command."""
+
+    code = "setup_missing"
+    exit_status = 4
+
+
+class StorageError(FarmError):
+    code = "storage_error"
+
+
+class QueueError(FarmError):
+    """Redis or the queue could not be reached or answered unexpectedly."""
+
+    code = "queue_error"
+
+
+class JobFailed(FarmError):
+    """A job ended failed; ``reason`` says why (raised by the CLI's waiting commands)."""
+
+    code = "job_failed"
+
+
+class JobCanceled(FarmError):
+    code = "job_canceled"
+    exit_status = 130

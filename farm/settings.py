@@ -1,0 +1,104 @@
+"""The one settings object of a process, built once from FARM_* environment variables."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from farm.errors import BadParameter
+
+DEVICE_KINDS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """FARM_REDIS_URL: the Redis holding queues, job state and events (redis:// or unix://)."""
+
+    storage_dir: Path = Path("/var/lib/tessera/storage")
+    """FARM_STORAGE_DIR: the shared folder for uploads, tiles and frames (local storage)."""
+
+    work_dir: Path = Path("/var/tmp/tessera")
+    """FARM_WORK_DIR: this host's scratch space (Blender child logs, tile scratch files)."""
+
+    device: str = "cpu"
+    """FARM_DEVICE: what a worker renders on, ``cpu`` or ``gpu``; also its queue's device class."""
+
+    gpu_index: int | None = None
+    """FARM_GPU_INDEX: the GPU a worker pins (CUDA_VISIBLE_DEVICES for its Blender child)."""
+
+    gpu_backend: str | None = None
+    """FARM_GPU_BACKEND: OPTIX, CUDA, HIP, ONEAPI or METAL; unset picks the best available."""
+
+    cpu_threads: int = 0
+    """FARM_CPU_THREADS: Cycles threads per worker; 0 lets Cycles use every core."""
+
+    tile_timeout_s: float = 1800.0
+    """FARM_TILE_TIMEOUT_S: a tile rendering longer than this is killed with its Blender child."""
+
+    inspect_timeout_s: float = 120.0
+    """FARM_INSPECT_TIMEOUT_S: time allowed to open and inspect a .blend."""
+
+    max_attempts: int = 3
+    """FARM_MAX_ATTEMPTS: attempts per tile before the job fails."""
+
+    python: str = field(default_factory=lambda: sys.executable)
+    """FARM_BLENDER_PYTHON: the interpreter with ``bpy`` that runs the Blender child."""
+
+    log_level: str = "INFO"
+    """FARM_LOG_LEVEL: DEBUG, INFO, WARNING or ERROR."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        base = cls()
+        values: dict[str, Any] = {}
+
+        def text(name: str, attr: str) -> None:
+            if name in env and env[name] != "":
+                values[attr] = env[name]
+
+        def number(name: str, attr: str, kind: type, minimum: float) -> None:
+            if name in env and env[name] != "":
+                try:
+                    value = kind(env[name])
+                except ValueError:
+                    raise BadParameter(f"{name}={env[name]!r} is not a number") from None
+                if value < minimum:
+                    raise BadParameter(f"{name} must be at least {minimum}, not {value}")
+                values[attr] = value
+
+        text("FARM_REDIS_URL", "redis_url")
+        text("FARM_DEVICE", "device")
+        text("FARM_GPU_BACKEND", "gpu_backend")
+        text("FARM_BLENDER_PYTHON", "python")
+        text("FARM_LOG_LEVEL", "log_level")
+        for name, attr in (("FARM_STORAGE_DIR", "storage_dir"), ("FARM_WORK_DIR", "work_dir")):
+            if env.get(name):
+                values[attr] = Path(env[name])
+        number("FARM_GPU_INDEX", "gpu_index", int, 0)
+        number("FARM_CPU_THREADS", "cpu_threads", int, 0)
+        number("FARM_TILE_TIMEOUT_S", "tile_timeout_s", float, 1.0)
+        number("FARM_INSPECT_TIMEOUT_S", "inspect_timeout_s", float, 1.0)
+        number("FARM_MAX_ATTEMPTS", "max_attempts", int, 1)
+        return replace(base, **values).validated()
+
+    def validated(self) -> Settings:
+        if self.device not in DEVICE_KINDS:
+            raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
+        if self.gpu_backend is not None and self.gpu_backend.upper() not in GPU_BACKENDS:
+            raise BadParameter(
+                f"GPU backend {self.gpu_backend!r} is not one of {', '.join(GPU_BACKENDS)}"
+            )
+        return self
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes).validated()
+
+
+#: Cycles compute backends in the order a worker prefers them
+GPU_BACKENDS = ("OPTIX", "CUDA", "HIP", "ONEAPI", "METAL")

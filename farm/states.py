@@ -1,0 +1,65 @@
+"""Job and tile states and the explicit tables of transitions allowed between them."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from farm.errors import IllegalTransition
+
+
+class TileState(str, Enum):
+    QUEUED = "queued"
+    RENDERING = "rendering"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    # every tile is in; frames are being stitched and delivered
+    ASSEMBLING = "assembling"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+TILE_TRANSITIONS: dict[TileState, frozenset[TileState]] = {
+    TileState.QUEUED: frozenset({TileState.RENDERING, TileState.CANCELED}),
+    # RENDERING -> QUEUED: a retry after a failed attempt, or a requeue that is not a failure
+    TileState.RENDERING: frozenset(
+        {TileState.DONE, TileState.QUEUED, TileState.FAILED, TileState.CANCELED}
+    ),
+    TileState.DONE: frozenset(),
+    # FAILED -> QUEUED: the user retries failed tiles
+    TileState.FAILED: frozenset({TileState.QUEUED}),
+    TileState.CANCELED: frozenset(),
+}
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELED}),
+    JobState.RUNNING: frozenset({JobState.ASSEMBLING, JobState.FAILED, JobState.CANCELED}),
+    JobState.ASSEMBLING: frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELED}),
+    JobState.DONE: frozenset(),
+    # FAILED -> RUNNING: the user retries the failed tiles of a failed job
+    JobState.FAILED: frozenset({JobState.RUNNING}),
+    JobState.CANCELED: frozenset(),
+}
+
+TILE_FINAL = frozenset({TileState.DONE, TileState.FAILED, TileState.CANCELED})
+JOB_FINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELED})
+
+
+def check_tile_transition(old: TileState, new: TileState) -> None:
+    if new not in TILE_TRANSITIONS[old]:
+        raise IllegalTransition(
+            f"a tile cannot go from {old.value} to {new.value}", old=old.value, new=new.value
+        )
+
+
+def check_job_transition(old: JobState, new: JobState) -> None:
+    if new not in JOB_TRANSITIONS[old]:
+        raise IllegalTransition(
+            f"a job cannot go from {old.value} to {new.value}", old=old.value, new=new.value
+        )

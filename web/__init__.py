@@ -1,0 +1,1 @@
+"""Tessera web app (aiohttp API and pages); built by the web issue."""
