@@ -1,0 +1,242 @@
+"""`farm`: the command line, and the composition root that starts each service from its command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from farm import jobstore, queue, submission
+from farm.blendfile import check_blend
+from farm.errors import FarmError, JobCanceled
+from farm.models import DEFAULT_FORMATS
+from farm.progress import ProgressBar
+from farm.settings import DEVICE_KINDS, Settings
+from farm.states import JobState
+from farm.storage import LocalStorage
+
+
+def _job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("blend", type=Path, help="the .blend file to render")
+    p.add_argument("--frames", help="frames to render, e.g. 1-10,20,30-40x2 (default: the scene's range)")
+    p.add_argument("--tiles", default="2x2", help="tile grid per frame, COLSxROWS (default 2x2)")
+    p.add_argument("--samples", type=int, help="Cycles samples per pixel (default: as saved)")
+    p.add_argument("--resolution", help="WIDTHxHEIGHT in pixels (default: as saved)")
+    p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                   help="output formats: exr, png, png16, jpeg (default exr,png)")
+    p.add_argument("--device", choices=DEVICE_KINDS, default="cpu", help="render on cpu or gpu")
+    p.add_argument("--overlap", type=int, dest="overlap_px",
+                   help="tile overlap in pixels (default 16 when the scene samples adaptively)")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="render even though external files are missing (they render magenta)")
+    p.add_argument("--max-attempts", type=int, help="attempts per tile before the job fails")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="farm", description="Tessera: render .blend files on a farm of Blender workers."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="render a .blend on an embedded farm (no setup needed)")
+    _job_options(p)
+    p.add_argument("--output", type=Path, help="folder for the frames (default: render/NAME)")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    p.add_argument("--keep-logs", type=Path, help="copy the workers' logs into this folder")
+
+    p = sub.add_parser("submit", help="submit a .blend to the farm at FARM_REDIS_URL")
+    _job_options(p)
+    p.add_argument("--output", type=Path, required=True, help="folder the frames are delivered to")
+    p.add_argument("--wait", action="store_true", help="watch the job until it ends")
+
+    p = sub.add_parser("status", help="show one job, or the latest jobs")
+    p.add_argument("job", nargs="?")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("watch", help="show a job's progress until it ends")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("worker", help="serve a device's render queue (one per GPU, or one CPU worker)")
+    p.add_argument("--device", choices=DEVICE_KINDS, help="overrides FARM_DEVICE")
+    p.add_argument("--gpu-index", type=int, help="overrides FARM_GPU_INDEX")
+    p.add_argument("--name", help="worker name (default host-device-pid)")
+    p.add_argument("--burst", action="store_true", help="quit when the queue is empty")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
+    try:
+        settings = Settings.from_env()
+        logging.basicConfig(
+            level=settings.log_level,
+            stream=sys.stderr,
+            format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        )
+        result = COMMANDS[args.command](settings, args)
+    except FarmError as exc:
+        if as_json:
+            print(json.dumps(exc.to_dict()))
+        # one line a user can act on; details (log tails) follow on their own lines
+        print(f"farm: error: {exc.message}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("farm: interrupted", file=sys.stderr)
+        return 130
+    if as_json and result is not None:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _request(args: argparse.Namespace, settings: Settings, output: Path) -> submission.RenderRequest:
+    return submission.RenderRequest(
+        output=output,
+        frames=args.frames,
+        tiles=args.tiles,
+        samples=args.samples,
+        resolution=args.resolution,
+        formats=args.formats,
+        device=args.device,
+        overlap_px=args.overlap_px,
+        allow_missing=args.allow_missing,
+        max_attempts=args.max_attempts or settings.max_attempts,
+        tile_timeout_s=settings.tile_timeout_s,
+    )
+
+
+def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import embedded
+
+    if args.workers < 1 or args.workers > 64:
+        raise submission.BadParameter(f"--workers must be 1 to 64, not {args.workers}")
+    output = args.output or Path("render") / args.blend.stem
+    req = _request(args, settings, output)
+    outcome = embedded.render(
+        settings, args.blend, req, args.workers, sys.stderr, keep_dir=args.keep_logs
+    )
+    job = outcome.job
+    print(
+        f"farm: {job.frames_done} frame(s) of {args.blend.name} written to {job.spec.output} "
+        f"in {outcome.elapsed_s:.1f} s",
+        file=sys.stderr,
+    )
+    if not args.json:
+        return None
+    return {
+        "job": job.to_dict(),
+        "warnings": outcome.warnings,
+        "inspection": outcome.report.to_dict(),
+        "elapsed_s": outcome.elapsed_s,
+        "worker_restarts": outcome.worker_restarts,
+    }
+
+
+def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    req = _request(args, settings, args.output)
+    submission.check_request(req)
+    check_blend(args.blend)
+    source = LocalStorage(settings.storage_dir).put_upload(args.blend)
+    rq_conn = queue.connect(settings.redis_url)
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    render_queue = queue.RenderQueue(rq_conn, req.device)
+    report = submission.inspect(store.conn, render_queue, source, settings.inspect_timeout_s)
+    spec, warnings = submission.plan_job(req, report, source)
+    job_id = submission.submit(rq_conn, store, render_queue, spec, warnings, report.autoexec_fail)
+    for w in warnings:
+        print(f"farm: warning: {w}", file=sys.stderr)
+    if args.wait:
+        _watch(store, job_id)
+    if args.json:
+        return store.status(job_id).to_dict()
+    print(job_id)
+    return None
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    if args.job is None:
+        jobs = [store.status(j) for j in store.job_ids()]
+        if args.json:
+            return [j.to_dict() for j in jobs]
+        print(f"{'JOB':<26} {'STATE':<11} {'TILES':>11} {'FRAMES':>9}  NAME")
+        for j in jobs:
+            print(f"{j.id:<26} {j.state:<11} {j.tiles_done:>5}/{j.tiles_total:<5} "
+                  f"{j.frames_done:>4}/{j.frames_total:<4}  {j.spec.name}")
+        return None
+    job = store.status(args.job)
+    if args.json:
+        return job.to_dict()
+    started = job.started_s or job.created_s
+    took = (job.finished_s or time.time()) - started
+    print(f"job {job.id} ({job.spec.name}): {job.state}")
+    print(f"  tiles {job.tiles_done}/{job.tiles_total}, frames {job.frames_done}/{job.frames_total}, "
+          f"failed attempts {job.tile_failures}, {took:.1f} s")
+    print(f"  output {job.spec.output}")
+    if job.reason:
+        print(f"  reason: {job.reason}")
+    if job.scripts_blocked:
+        print("  the file wanted to run Python scripts; they were blocked")
+    for w in job.warnings:
+        print(f"  warning: {w}")
+    return None
+
+
+def _watch(store: jobstore.JobStore, job_id: str) -> None:
+    from farm import embedded
+
+    status = store.status(job_id)
+    bar = ProgressBar(sys.stderr, status.tiles_total, status.frames_total)
+    embedded.watch(store, job_id, bar)
+
+
+def cmd_watch(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    _watch(store, args.job)
+    return store.status(args.job).to_dict() if args.json else None
+
+
+def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    store.status(args.job)  # NotFound for an unknown id
+    outcome = store.end_job(args.job, JobState.CANCELED, "canceled by request")
+    if outcome != "ok":
+        state = outcome.removeprefix("job_")
+        if state != JobState.CANCELED.value:
+            raise JobCanceled(f"job {args.job} had already ended: {state}")
+    if args.json:
+        return store.status(args.job).to_dict()
+    print(f"job {args.job} canceled", file=sys.stderr)
+    return None
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
+    from workers.worker import serve
+
+    changes: dict[str, Any] = {}
+    if args.device:
+        changes["device"] = args.device
+    if args.gpu_index is not None:
+        changes["gpu_index"] = args.gpu_index
+    serve(settings.with_(**changes), name=args.name, burst=args.burst)
+
+
+COMMANDS = {
+    "render": cmd_render,
+    "submit": cmd_submit,
+    "status": cmd_status,
+    "watch": cmd_watch,
+    "cancel": cmd_cancel,
+    "worker": cmd_worker,
+}

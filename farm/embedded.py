@@ -1,0 +1,260 @@
+"""The embedded farm: a private redis-server and local workers for one `farm render` command."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from farm import jobstore, lifetime, queue, submission
+from farm.blendfile import check_blend
+from farm.errors import FarmError, JobCanceled, JobFailed, QueueError
+from farm.models import BlendSource, InspectionReport, JobStatus
+from farm.progress import ProgressBar
+from farm.redisserver import RedisServer
+from farm.settings import Settings
+from farm.states import JOB_FINAL, JobState
+from farm.storage import sha256_file
+
+log = logging.getLogger("tessera.embedded")
+
+#: seconds between checks that the local workers are still alive
+WORKER_CHECK_S = 1.0
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The FARM_* variables that rebuild ``settings`` in a child process."""
+    env = {
+        "FARM_REDIS_URL": settings.redis_url,
+        "FARM_STORAGE_DIR": str(settings.storage_dir),
+        "FARM_WORK_DIR": str(settings.work_dir),
+        "FARM_DEVICE": settings.device,
+        "FARM_CPU_THREADS": str(settings.cpu_threads),
+        "FARM_TILE_TIMEOUT_S": str(settings.tile_timeout_s),
+        "FARM_INSPECT_TIMEOUT_S": str(settings.inspect_timeout_s),
+        "FARM_MAX_ATTEMPTS": str(settings.max_attempts),
+        "FARM_BLENDER_PYTHON": settings.python,
+        "FARM_LOG_LEVEL": settings.log_level,
+    }
+    if settings.gpu_index is not None:
+        env["FARM_GPU_INDEX"] = str(settings.gpu_index)
+    if settings.gpu_backend is not None:
+        env["FARM_GPU_BACKEND"] = settings.gpu_backend
+    return env
+
+
+def threads_per_worker(workers: int) -> int:
+    """CPU workers split the cores between them; one worker lets Cycles take them all (0)."""
+    if workers <= 1:
+        return 0
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+class LocalWorkers:
+    """`farm worker` processes on this host; restarted if one dies while the farm runs."""
+
+    def __init__(self, settings: Settings, count: int, log_dir: Path) -> None:
+        self.settings = settings
+        self.count = count
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts = 0
+
+    def start(self) -> None:
+        for i in range(self.count):
+            self._spawn(f"local-{self.settings.device}-{i}")
+
+    def _spawn(self, name: str) -> None:
+        env = {**os.environ, **settings_env(self.settings)}
+        with (self.log_dir / f"{name}.log").open("ab") as out:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "farm", "worker", "--name", name],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # its own session: a terminal's Ctrl-C reaches the CLI, which stops workers itself
+                start_new_session=True,
+                preexec_fn=lifetime.die_with_parent(signal.SIGTERM),
+            )
+
+    def check(self, note: Callable[[str], None]) -> None:
+        """Restart any worker that died; its tile is requeued by the recovery sweep."""
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is not None:
+                note(f"worker {name} exited with status {code}; starting it again")
+                self.restarts += 1
+                self._spawn(name)
+
+    def log_tail(self, lines: int = 15) -> str:
+        out = []
+        for name in self.procs:
+            path = self.log_dir / f"{name}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {name} ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            lifetime.stop(proc, max(0.1, deadline - time.monotonic()))
+
+
+@dataclass(frozen=True)
+class RenderOutcome:
+    job: JobStatus
+    report: InspectionReport
+    warnings: list[str]
+    elapsed_s: float
+    worker_restarts: int
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGHUP arrived: clean up as for Ctrl-C."""
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    def raise_stop(signum: int, _frame: FrameType | None) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def render(
+    settings: Settings,
+    blend: Path,
+    req: submission.RenderRequest,
+    workers: int,
+    stream: TextIO,
+    *,
+    keep_dir: Path | None = None,
+) -> RenderOutcome:
+    """Render ``blend`` on a farm that lives for this call: check, inspect, queue, watch, clean up."""
+    submission.check_request(req)
+    check_blend(blend)
+    blend = blend.resolve()
+    source = BlendSource("path", str(blend), sha256_file(blend), blend.name)
+    t0 = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="tessera-"))
+    try:
+        with _signals_stop(), RedisServer(root / "redis") as redis_server:
+            local = settings.with_(
+                redis_url=redis_server.url,
+                storage_dir=root / "storage",
+                work_dir=root / "work",
+                device=req.device,
+                cpu_threads=settings.cpu_threads or threads_per_worker(workers),
+            )
+            (root / "logs").mkdir()
+            pool = LocalWorkers(local, workers, root / "logs")
+            pool.start()
+            try:
+                return _run(local, source, req, pool, stream, t0)
+            except QueueError as exc:
+                raise QueueError(f"{exc.message}\n{pool.log_tail()}") from exc
+            finally:
+                pool.stop()
+    finally:
+        if keep_dir is not None:
+            shutil.copytree(root / "logs", keep_dir, dirs_exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(
+    settings: Settings,
+    source: BlendSource,
+    req: submission.RenderRequest,
+    pool: LocalWorkers,
+    stream: TextIO,
+    t0: float,
+) -> RenderOutcome:
+    rq_conn = queue.connect(settings.redis_url)
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    render_queue = queue.RenderQueue(rq_conn, settings.device)
+    report = submission.inspect(
+        store.conn, render_queue, source, settings.inspect_timeout_s + 60
+    )
+    spec, warnings = submission.plan_job(req, report, source)
+    job_id = submission.submit(
+        rq_conn, store, render_queue, spec, warnings, scripts_blocked=report.autoexec_fail
+    )
+    bar = ProgressBar(stream, len(spec.frames) * _tiles(spec.tiles), len(spec.frames))
+    for w in warnings:
+        bar.note(f"warning: {w}")
+    try:
+        status = watch(store, job_id, bar, on_tick=lambda: pool.check(bar.note))
+    except (KeyboardInterrupt, _Stop):
+        store.end_job(job_id, JobState.CANCELED, "canceled by the user")
+        bar.close("canceled")
+        raise JobCanceled(f"job {job_id} canceled; nothing was delivered after the cancel") from None
+    return RenderOutcome(status, report, warnings, time.monotonic() - t0, pool.restarts)
+
+
+def _tiles(grid: str) -> int:
+    cols, rows = grid.split("x")
+    return int(cols) * int(rows)
+
+
+def watch(
+    store: jobstore.JobStore,
+    job_id: str,
+    bar: ProgressBar,
+    on_tick: Callable[[], None] | None = None,
+) -> JobStatus:
+    """Follow the job's events into ``bar`` until it ends; raises JobFailed / JobCanceled."""
+    tiles_done = frames_done = failures = 0
+    after, ended = "0", False
+    while not ended:
+        batch = store.events(job_id, after, block_ms=int(WORKER_CHECK_S * 1000))
+        for event in batch:
+            after = event.id
+            if event.type == "tile_state":
+                if event.state == "done":
+                    tiles_done += 1
+                elif event.state in ("queued", "failed") and event.message:
+                    failures += 1
+                    bar.note(f"frame {event.frame} tile {event.tile}: {event.message}")
+            elif event.type == "frame_done":
+                frames_done += 1
+            elif event.type == "warning":
+                bar.note(f"warning: {event.message}")
+            elif event.type == "job_state" and JobState(event.state) in JOB_FINAL:
+                ended = True
+        bar.update(tiles_done, frames_done, failures)
+        if on_tick is not None:
+            on_tick()
+        if not batch and store.state(job_id) in JOB_FINAL:
+            ended = True
+    status = store.status(job_id)
+    if status.state == JobState.DONE.value:
+        bar.close(f"done: {status.frames_done} frame(s) in {status.spec.output}")
+        return status
+    bar.close(status.state)
+    if status.state == JobState.CANCELED.value:
+        raise JobCanceled(f"job {job_id} was canceled: {status.reason or 'by request'}")
+    raise JobFailed(f"job {job_id} failed: {status.reason}", job_id=job_id)
+
+
+__all__ = ["FarmError", "RenderOutcome", "render", "watch"]

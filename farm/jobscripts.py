@@ -1,0 +1,230 @@
+"""Lua scripts that move jobs and tiles between states atomically inside Redis.
+
+Each script is one compare-and-set: it checks the record is where the caller believes (state and
+attempt), moves it, updates the counters and appends the progress event, all in one step, so two
+workers can never both commit a tile and a stale attempt can never commit at all. The allowed
+transitions come from ``farm.states`` (rendered into a Lua prelude), so Python and Lua share one
+table.
+"""
+
+from __future__ import annotations
+
+from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS
+
+
+def _lua_table(table: dict) -> str:  # type: ignore[type-arg]
+    rows = []
+    for old, news in table.items():
+        inner = ",".join(f"['{n.value}']=true" for n in sorted(news, key=lambda s: s.value))
+        rows.append(f"['{old.value}']={{{inner}}}")
+    return "{" + ",".join(rows) + "}"
+
+
+PRELUDE = f"""
+local JOB_NEXT = {_lua_table(JOB_TRANSITIONS)}
+local TILE_NEXT = {_lua_table(TILE_TRANSITIONS)}
+local FINAL = {{done=true, failed=true, canceled=true}}
+
+local function event(evk, fields)
+  redis.call('XADD', evk, 'MAXLEN', '~', 100000, '*', unpack(fields))
+end
+
+-- Move the job to `new` if the table allows it; returns true when it moved (or was there).
+local function job_move(jk, evk, jid, new, ts, reason)
+  local old = redis.call('HGET', jk, 'state')
+  if old == new then return true end
+  if not JOB_NEXT[old] or not JOB_NEXT[old][new] then return false end
+  redis.call('HSET', jk, 'state', new)
+  if new == 'running' and redis.call('HEXISTS', jk, 'started_s') == 0 then
+    redis.call('HSET', jk, 'started_s', ts)
+  end
+  if FINAL[new] then redis.call('HSET', jk, 'finished_s', ts) end
+  if reason ~= '' then redis.call('HSET', jk, 'reason', reason) end
+  event(evk, {{'type', 'job_state', 'job_id', jid, 'ts', ts, 'state', new, 'message', reason, 'v', '1'}})
+  return true
+end
+
+local function tile_move(tk, tile, new)
+  local old = redis.call('HGET', tk, tile)
+  if not TILE_NEXT[old] or not TILE_NEXT[old][new] then
+    return redis.error_reply('illegal tile transition ' .. tostring(old) .. ' -> ' .. new)
+  end
+  redis.call('HSET', tk, tile, new)
+end
+
+local function tile_event(evk, jid, ts, state, frame, index, attempt, message)
+  event(evk, {{'type', 'tile_state', 'job_id', jid, 'ts', ts, 'state', state, 'frame', frame,
+         'tile', index, 'attempt', attempt, 'message', message, 'v', '1'}})
+end
+"""
+
+# KEYS: job, tiles, events   ARGV: jid, frame, index, attempt, ts, deadline
+START_TILE = PRELUDE + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'no_job' end
+if FINAL[st] then return 'job_' .. st end
+local tile = ARGV[2] .. ':' .. ARGV[3]
+if redis.call('HGET', KEYS[2], tile) ~= 'queued' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
+  return 'stale'
+end
+tile_move(KEYS[2], tile, 'rendering')
+redis.call('HSET', KEYS[2], tile .. ':d', ARGV[6])
+if st == 'queued' then job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[5], '') end
+tile_event(KEYS[3], ARGV[1], ARGV[5], 'rendering', ARGV[2], ARGV[3], ARGV[4], '')
+return 'ok'
+"""
+
+# KEYS: tiles   ARGV: tile, attempt, deadline
+TOUCH_TILE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= 'rendering' or redis.call('HGET', KEYS[1], ARGV[1] .. ':a') ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1] .. ':d', ARGV[3])
+return 1
+"""
+
+# KEYS: job, tiles, framecount, assembling, events
+# ARGV: jid, frame, index, attempt, ts, tiles_per_frame, assembly_deadline
+FINISH_TILE = PRELUDE + """
+local tile = ARGV[2] .. ':' .. ARGV[3]
+if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
+  return 'stale'
+end
+local st = redis.call('HGET', KEYS[1], 'state')
+if FINAL[st] then
+  if st == 'canceled' then tile_move(KEYS[2], tile, 'canceled') end
+  return 'job_' .. st
+end
+tile_move(KEYS[2], tile, 'done')
+redis.call('HDEL', KEYS[2], tile .. ':d')
+local done = redis.call('HINCRBY', KEYS[1], 'tiles_done', 1)
+tile_event(KEYS[5], ARGV[1], ARGV[5], 'done', ARGV[2], ARGV[3], ARGV[4], '')
+local result = 'ok'
+if redis.call('HINCRBY', KEYS[3], ARGV[2], 1) == tonumber(ARGV[6]) then
+  redis.call('HSET', KEYS[4], ARGV[2], ARGV[7])
+  result = 'frame_ready'
+end
+if done == tonumber(redis.call('HGET', KEYS[1], 'tiles_total')) then
+  job_move(KEYS[1], KEYS[5], ARGV[1], 'assembling', ARGV[5], '')
+end
+return result
+"""
+
+# KEYS: job, tiles, events
+# ARGV: jid, frame, index, attempt, ts, reason, max_attempts, counts ('1' a failure, '0' a requeue)
+# Returns {'retry', new_attempt} | {'failed', attempt} | {'stale'} | {'job_<state>'}
+FAIL_TILE = PRELUDE + """
+local tile = ARGV[2] .. ':' .. ARGV[3]
+if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
+  return {'stale'}
+end
+local st = redis.call('HGET', KEYS[1], 'state')
+if FINAL[st] then
+  if st == 'canceled' then tile_move(KEYS[2], tile, 'canceled') end
+  return {'job_' .. st}
+end
+local failures = tonumber(redis.call('HGET', KEYS[2], tile .. ':f') or '0')
+if ARGV[8] == '1' then
+  failures = redis.call('HINCRBY', KEYS[2], tile .. ':f', 1)
+  redis.call('HINCRBY', KEYS[1], 'tile_failures', 1)
+end
+redis.call('HDEL', KEYS[2], tile .. ':d')
+if failures < tonumber(ARGV[7]) then
+  local next_attempt = tonumber(ARGV[4]) + 1
+  tile_move(KEYS[2], tile, 'queued')
+  redis.call('HSET', KEYS[2], tile .. ':a', next_attempt)
+  tile_event(KEYS[3], ARGV[1], ARGV[5], 'queued', ARGV[2], ARGV[3], next_attempt, ARGV[6])
+  return {'retry', next_attempt}
+end
+tile_move(KEYS[2], tile, 'failed')
+tile_event(KEYS[3], ARGV[1], ARGV[5], 'failed', ARGV[2], ARGV[3], ARGV[4], ARGV[6])
+local why = 'frame ' .. ARGV[2] .. ' tile ' .. ARGV[3] .. ' failed after ' .. failures .. ' attempt(s): ' .. ARGV[6]
+job_move(KEYS[1], KEYS[3], ARGV[1], 'failed', ARGV[5], why)
+return {'failed', ARGV[4]}
+"""
+
+# KEYS: job, assembling, events   ARGV: jid, frame, ts
+FINISH_FRAME = PRELUDE + """
+if redis.call('HDEL', KEYS[2], ARGV[2]) == 0 then return 'stale' end
+local st = redis.call('HGET', KEYS[1], 'state')
+if FINAL[st] then return 'job_' .. st end
+local done = redis.call('HINCRBY', KEYS[1], 'frames_done', 1)
+event(KEYS[3], {'type', 'frame_done', 'job_id', ARGV[1], 'ts', ARGV[3], 'frame', ARGV[2], 'v', '1'})
+if done == tonumber(redis.call('HGET', KEYS[1], 'frames_total')) then
+  job_move(KEYS[1], KEYS[3], ARGV[1], 'done', ARGV[3], '')
+end
+return 'ok'
+"""
+
+# KEYS: job, assembling   ARGV: frame, deadline   (an assembler claims or renews a frame)
+CLAIM_FRAME = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: job, tiles, events   ARGV: jid, new_state, ts, reason
+# Cancel or fail a whole job; queued tiles are canceled with it.
+END_JOB = PRELUDE + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'no_job' end
+if FINAL[st] then return 'job_' .. st end
+if not job_move(KEYS[1], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then
+  return 'job_' .. redis.call('HGET', KEYS[1], 'state')
+end
+if ARGV[2] == 'canceled' then
+  local all = redis.call('HGETALL', KEYS[2])
+  for i = 1, #all, 2 do
+    if all[i + 1] == 'queued' then redis.call('HSET', KEYS[2], all[i], 'canceled') end
+  end
+end
+return 'ok'
+"""
+
+# KEYS: job, tiles, assembling, events   ARGV: jid, now, max_attempts, assembly_deadline
+# Requeue tiles whose worker stopped renewing them, and reopen stalled frame assemblies.
+# Returns a flat list: 't', frame, index, attempt, ... for tiles to enqueue; 'f', frame, ... for
+# frames to assemble again.
+RECOVER = PRELUDE + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st or FINAL[st] then return {} end
+local out = {}
+local now = tonumber(ARGV[2])
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local name, value = all[i], all[i + 1]
+  if value == 'rendering' then
+    local deadline = tonumber(redis.call('HGET', KEYS[2], name .. ':d') or '0')
+    if deadline < now then
+      local sep = string.find(name, ':')
+      local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
+      local attempt = tonumber(redis.call('HGET', KEYS[2], name .. ':a'))
+      local failures = redis.call('HINCRBY', KEYS[2], name .. ':f', 1)
+      redis.call('HINCRBY', KEYS[1], 'tile_failures', 1)
+      redis.call('HDEL', KEYS[2], name .. ':d')
+      local why = 'the worker rendering it stopped answering'
+      if failures < tonumber(ARGV[3]) then
+        tile_move(KEYS[2], name, 'queued')
+        redis.call('HSET', KEYS[2], name .. ':a', attempt + 1)
+        tile_event(KEYS[4], ARGV[1], ARGV[2], 'queued', frame, index, attempt + 1, why)
+        table.insert(out, 't'); table.insert(out, frame); table.insert(out, index)
+        table.insert(out, tostring(attempt + 1))
+      else
+        tile_move(KEYS[2], name, 'failed')
+        tile_event(KEYS[4], ARGV[1], ARGV[2], 'failed', frame, index, attempt, why)
+        job_move(KEYS[1], KEYS[4], ARGV[1], 'failed', ARGV[2],
+          'frame ' .. frame .. ' tile ' .. index .. ' failed after ' .. failures .. ' attempt(s): ' .. why)
+        return {}
+      end
+    end
+  end
+end
+local frames = redis.call('HGETALL', KEYS[3])
+for i = 1, #frames, 2 do
+  if tonumber(frames[i + 1]) < now then
+    redis.call('HSET', KEYS[3], frames[i], ARGV[4])
+    table.insert(out, 'f'); table.insert(out, frames[i])
+  end
+end
+return out
+"""

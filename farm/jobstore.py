@@ -1,0 +1,283 @@
+"""Job and tile state in Redis: create jobs, move tiles and frames through their states, read events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from farm import jobscripts, keys
+from farm.errors import NotFound, QueueError
+from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
+from farm.states import JOB_FINAL, JobState, TileState
+from farm.tiling import TileGrid
+
+#: how long after its last renewal a rendering tile counts as abandoned
+TILE_LEASE_S = 30.0
+#: how long an assembler may hold a frame before another may take it over
+ASSEMBLY_LEASE_S = 120.0
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client for the job store (text replies), failing fast with our error."""
+    try:
+        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    except ValueError as exc:
+        raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a recovery sweep found: tile attempts to enqueue again, frames to assemble again."""
+
+    tiles: list[TileTask]
+    frames: list[int]
+
+
+class JobStore:
+    def __init__(self, conn: redis.Redis) -> None:
+        self.conn = conn
+        self._start = conn.register_script(jobscripts.START_TILE)
+        self._touch = conn.register_script(jobscripts.TOUCH_TILE)
+        self._finish = conn.register_script(jobscripts.FINISH_TILE)
+        self._fail = conn.register_script(jobscripts.FAIL_TILE)
+        self._finish_frame = conn.register_script(jobscripts.FINISH_FRAME)
+        self._claim_frame = conn.register_script(jobscripts.CLAIM_FRAME)
+        self._end = conn.register_script(jobscripts.END_JOB)
+        self._recover = conn.register_script(jobscripts.RECOVER)
+
+    # --- creating -------------------------------------------------------------------------
+
+    def new_job_id(self) -> str:
+        return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+
+    def stage_job(
+        self, pipe: Any, job_id: str, spec: JobSpec, warnings: list[str], scripts_blocked: bool
+    ) -> list[TileTask]:
+        """Queue the commands that create a job into ``pipe`` (a MULTI pipeline); returns its tiles.
+
+        The caller adds the queue pushes to the same pipeline, so a job exists exactly when its
+        tiles are queued.
+        """
+        grid = TileGrid.parse(spec.tiles)
+        now = time.time()
+        tasks = [TileTask(job_id, f, i, 1) for f in spec.frames for i in range(grid.count)]
+        pipe.hset(
+            keys.job(job_id),
+            mapping={
+                "spec": spec.to_json(),
+                "state": JobState.QUEUED.value,
+                "reason": "",
+                "created_s": now,
+                "tiles_total": len(tasks),
+                "tiles_done": 0,
+                "tile_failures": 0,
+                "frames_total": len(spec.frames),
+                "frames_done": 0,
+                "tiles_per_frame": grid.count,
+                "scripts_blocked": int(scripts_blocked),
+                "warnings": "\n".join(warnings),
+            },
+        )
+        tile_fields: dict[str, Any] = {}
+        for t in tasks:
+            tile_fields[t.key] = TileState.QUEUED.value
+            tile_fields[t.key + ":a"] = 1
+        pipe.hset(keys.tiles(job_id), mapping=tile_fields)
+        pipe.zadd(keys.JOBS, {job_id: now})
+        event = Event("job_state", job_id, now, state=JobState.QUEUED.value)
+        pipe.xadd(keys.events(job_id), event.to_fields())  # type: ignore[arg-type]
+        return tasks
+
+    # --- reading --------------------------------------------------------------------------
+
+    def status(self, job_id: str) -> JobStatus:
+        data = self._call(self.conn.hgetall, keys.job(job_id))
+        if not data:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+
+        def opt(name: str) -> float | None:
+            return float(data[name]) if data.get(name) else None
+
+        return JobStatus(
+            id=job_id,
+            spec=JobSpec.from_json(data["spec"]),
+            state=data["state"],
+            reason=data.get("reason", ""),
+            created_s=float(data["created_s"]),
+            started_s=opt("started_s"),
+            finished_s=opt("finished_s"),
+            tiles_total=int(data["tiles_total"]),
+            tiles_done=int(data["tiles_done"]),
+            tile_failures=int(data["tile_failures"]),
+            frames_total=int(data["frames_total"]),
+            frames_done=int(data["frames_done"]),
+            scripts_blocked=data.get("scripts_blocked") == "1",
+            warnings=[w for w in data.get("warnings", "").split("\n") if w],
+        )
+
+    def spec(self, job_id: str) -> JobSpec:
+        text = self._call(self.conn.hget, keys.job(job_id), "spec")
+        if text is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        return JobSpec.from_json(text)
+
+    def state(self, job_id: str) -> JobState:
+        value = self._call(self.conn.hget, keys.job(job_id), "state")
+        if value is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        return JobState(value)
+
+    def tile_states(self, job_id: str) -> dict[str, TileState]:
+        raw = self._call(self.conn.hgetall, keys.tiles(job_id))
+        return {k: TileState(v) for k, v in raw.items() if k.count(":") == 1}
+
+    def job_ids(self, limit: int = 50) -> list[str]:
+        ids: list[str] = self._call(self.conn.zrevrange, keys.JOBS, 0, limit - 1)
+        return ids
+
+    def active_job_ids(self) -> list[str]:
+        return [j for j in self.job_ids(1000) if self.state(j) not in JOB_FINAL]
+
+    def events(
+        self, job_id: str, after: str = "0", block_ms: int | None = None
+    ) -> list[Event]:
+        reply = self._call(
+            self.conn.xread, {keys.events(job_id): after}, count=1000, block=block_ms
+        )
+        out: list[Event] = []
+        for _stream, entries in reply or []:
+            out.extend(Event.from_fields(eid, fields) for eid, fields in entries)
+        return out
+
+    # --- moving tiles and frames -------------------------------------------------------------
+
+    def start_tile(self, task: TileTask) -> str:
+        """Claim a queued tile attempt for rendering: 'ok', 'stale', 'no_job' or 'job_<state>'."""
+        now = time.time()
+        return str(
+            self._run(
+                self._start,
+                [keys.job(task.job_id), keys.tiles(task.job_id), keys.events(task.job_id)],
+                [task.job_id, task.frame, task.index, task.attempt, now, now + TILE_LEASE_S],
+            )
+        )
+
+    def touch_tile(self, task: TileTask) -> bool:
+        """Renew a rendering tile's lease; False when it is no longer ours."""
+        deadline = time.time() + TILE_LEASE_S
+        return bool(
+            self._run(self._touch, [keys.tiles(task.job_id)], [task.key, task.attempt, deadline])
+        )
+
+    def finish_tile(self, task: TileTask, tiles_per_frame: int) -> str:
+        """Commit a rendered tile: 'ok', 'frame_ready' (the frame's last tile), 'stale', 'job_<state>'."""
+        now = time.time()
+        j = task.job_id
+        return str(
+            self._run(
+                self._finish,
+                [keys.job(j), keys.tiles(j), keys.frame_counts(j), keys.assembling(j), keys.events(j)],
+                [j, task.frame, task.index, task.attempt, now, tiles_per_frame,
+                 now + ASSEMBLY_LEASE_S],
+            )
+        )
+
+    def fail_tile(
+        self, task: TileTask, reason: str, max_attempts: int, counts: bool = True
+    ) -> tuple[str, int]:
+        """Record a failed attempt: ('retry', next attempt), ('failed', n), ('stale', 0), ...
+
+        ``counts=False`` requeues without counting a failure (preemption, a worker shutting down).
+        """
+        j = task.job_id
+        reply = self._run(
+            self._fail,
+            [keys.job(j), keys.tiles(j), keys.events(j)],
+            [j, task.frame, task.index, task.attempt, time.time(), reason, max_attempts,
+             "1" if counts else "0"],
+        )
+        outcome = str(reply[0])
+        return outcome, int(reply[1]) if len(reply) > 1 else 0
+
+    def claim_frame(self, job_id: str, frame: int) -> bool:
+        """Take (or renew) the assembly of a frame whose tiles are all in."""
+        deadline = time.time() + ASSEMBLY_LEASE_S
+        return bool(
+            self._run(
+                self._claim_frame, [keys.job(job_id), keys.assembling(job_id)], [frame, deadline]
+            )
+        )
+
+    def finish_frame(self, job_id: str, frame: int) -> str:
+        return str(
+            self._run(
+                self._finish_frame,
+                [keys.job(job_id), keys.assembling(job_id), keys.events(job_id)],
+                [job_id, frame, time.time()],
+            )
+        )
+
+    def end_job(self, job_id: str, state: JobState, reason: str = "") -> str:
+        """Cancel or fail a job: 'ok', 'no_job' or 'job_<state>' when it had already ended."""
+        return str(
+            self._run(
+                self._end,
+                [keys.job(job_id), keys.tiles(job_id), keys.events(job_id)],
+                [job_id, state.value, time.time(), reason],
+            )
+        )
+
+    def warn(self, job_id: str, message: str) -> None:
+        event = Event("warning", job_id, time.time(), message=message)
+        self._call(self.conn.xadd, keys.events(job_id), event.to_fields())
+
+    def recover(self, job_id: str, max_attempts: int) -> Recovery:
+        now = time.time()
+        flat = self._run(
+            self._recover,
+            [keys.job(job_id), keys.tiles(job_id), keys.assembling(job_id), keys.events(job_id)],
+            [job_id, now, max_attempts, now + ASSEMBLY_LEASE_S],
+        )
+        tiles: list[TileTask] = []
+        frames: list[int] = []
+        i = 0
+        while i < len(flat):
+            if flat[i] == "t":
+                tiles.append(TileTask(job_id, int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3])))
+                i += 4
+            else:
+                frames.append(int(flat[i + 1]))
+                i += 2
+        return Recovery(tiles, frames)
+
+    def queued_tasks(self, job_id: str) -> list[TileTask]:
+        """The current attempt of every queued tile of a job."""
+        raw = self._call(self.conn.hgetall, keys.tiles(job_id))
+        out = []
+        for name, value in raw.items():
+            if value == TileState.QUEUED.value and name.count(":") == 1:
+                frame, index = name.split(":")
+                out.append(TileTask(job_id, int(frame), int(index), int(raw[name + ":a"])))
+        return out
+
+    def tile_attempt(self, job_id: str, frame: int, index: int) -> int:
+        value = self._call(self.conn.hget, keys.tiles(job_id), tile_key(frame, index) + ":a")
+        return int(value or 0)
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _run(self, script: Any, keys_: list[str], args: list[Any]) -> Any:
+        return self._call(script, keys=keys_, args=args)
+
+    @staticmethod
+    def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except redis.ConnectionError as exc:
+            raise QueueError(f"cannot reach Redis: {exc}") from exc
+        except redis.ResponseError as exc:
+            raise QueueError(f"Redis refused a job-state update: {exc}") from exc

@@ -1,0 +1,51 @@
+"""Child processes that never outlive the process that started them, and their orderly stop."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    # Loaded in the parent: a forked child should not have to dlopen between fork and exec.
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` that has Linux send ``sig`` to the child when its parent thread dies."""
+    parent_pid = os.getpid()
+
+    def preexec() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        # The parent may have died between fork and prctl; then nobody would ever signal us.
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0, sig: int = signal.SIGTERM) -> int:
+    """Ask ``proc`` to stop with ``sig``, SIGKILL it after ``grace_s``; always reaps it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -1,0 +1,226 @@
+"""The wire contract: versioned dataclasses for jobs, tiles, inspection reports and events.
+
+Web, CLI and workers all speak these; each carries ``v`` so a reader can refuse what it does
+not understand instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from farm.errors import BadParameter
+
+SCHEMA_VERSION = 1
+
+#: output format name -> (Blender file_format, colour depth, file extension)
+OUTPUT_FORMATS: dict[str, tuple[str, str, str]] = {
+    "exr": ("OPEN_EXR", "32", ".exr"),
+    "png": ("PNG", "8", ".png"),
+    "png16": ("PNG", "16", ".png"),
+    "jpeg": ("JPEG", "8", ".jpg"),
+}
+DEFAULT_FORMATS = ("exr", "png")
+#: largest image side Cycles is asked to render, in pixels
+MAX_RESOLUTION = 65_536
+MAX_SAMPLES = 1_000_000
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+    if not names:
+        raise BadParameter("no output format given; choose from " + ", ".join(OUTPUT_FORMATS))
+    for name in names:
+        if name not in OUTPUT_FORMATS:
+            raise BadParameter(
+                f"output format {name!r} is not one of {', '.join(OUTPUT_FORMATS)}", format=name
+            )
+    # png and png16 would write the same file name
+    if "png" in names and "png16" in names:
+        raise BadParameter("choose one of png and png16")
+    return names
+
+
+def _check_version(data: dict[str, Any], what: str) -> None:
+    v = data.get("v", SCHEMA_VERSION)
+    if v != SCHEMA_VERSION:
+        raise BadParameter(f"{what} has schema version {v}; this farm speaks {SCHEMA_VERSION}")
+
+
+@dataclass(frozen=True)
+class BlendSource:
+    """Where a worker finds the .blend: a path on a shared/local disk, or an upload in storage."""
+
+    kind: str  # "path" | "upload"
+    location: str  # absolute path, or storage key of the upload
+    sha256: str
+    name: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BlendSource:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job renders and how; fixed when the job is accepted."""
+
+    source: BlendSource
+    frames: tuple[int, ...]
+    tiles: str  # "CxR"
+    width: int
+    height: int
+    output: str  # folder the frames are delivered to
+    name: str = "job"
+    samples: int | None = None
+    overlap_px: int = 0
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    device: str = "cpu"
+    max_attempts: int = 3
+    tile_timeout_s: float = 1800.0
+    priority: int = 0
+    v: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["frames"] = list(self.frames)
+        data["formats"] = list(self.formats)
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        data = json.loads(text)
+        _check_version(data, "job spec")
+        data["source"] = BlendSource.from_dict(data["source"])
+        data["frames"] = tuple(data["frames"])
+        data["formats"] = tuple(data["formats"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TileTask:
+    """The queue payload of one tile attempt; ``attempt`` fences out stale copies."""
+
+    job_id: str
+    frame: int
+    index: int
+    attempt: int
+
+    @property
+    def key(self) -> str:
+        return tile_key(self.frame, self.index)
+
+    @property
+    def rq_id(self) -> str:
+        return f"tile-{self.job_id}-{self.frame}-{self.index}-{self.attempt}"
+
+
+def tile_key(frame: int, index: int) -> str:
+    return f"{frame}:{index}"
+
+
+@dataclass(frozen=True)
+class InspectionReport:
+    """What the Blender child found in a .blend, opened with scripts off."""
+
+    path: str
+    version: str
+    scene: str
+    engine: str
+    frame_start: int
+    frame_end: int
+    frame_step: int
+    fps: float
+    width: int
+    height: int
+    samples: int
+    adaptive_sampling: bool
+    denoising: bool
+    cameras: list[str]
+    camera: str | None
+    missing_files: list[str]
+    libraries: list[str]
+    autoexec_fail: bool
+    autoexec_fail_message: str
+    wants_scripts: bool
+    scripts: list[str]
+    v: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InspectionReport:
+        _check_version(data, "inspection report")
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class JobStatus:
+    """A job as read back from Redis: spec, state and counters."""
+
+    id: str
+    spec: JobSpec
+    state: str
+    reason: str
+    created_s: float
+    started_s: float | None
+    finished_s: float | None
+    tiles_total: int
+    tiles_done: int
+    tile_failures: int
+    frames_total: int
+    frames_done: int
+    scripts_blocked: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["spec"] = json.loads(self.spec.to_json())
+        return data
+
+
+@dataclass(frozen=True)
+class Event:
+    """One progress event of a job, as stored in its Redis stream (``type`` says which)."""
+
+    type: str  # job_state | tile_state | frame_done | warning
+    job_id: str
+    ts: float
+    state: str = ""
+    frame: int | None = None
+    tile: int | None = None
+    attempt: int | None = None
+    message: str = ""
+    id: str = ""  # the stream entry id, set when read
+    v: int = SCHEMA_VERSION
+
+    def to_fields(self) -> dict[str, str]:
+        data = {k: v for k, v in asdict(self).items() if v is not None and k != "id"}
+        return {k: str(v) for k, v in data.items()}
+
+    @classmethod
+    def from_fields(cls, entry_id: str, fields: dict[str, str]) -> Event:
+        def opt_int(name: str) -> int | None:
+            return int(fields[name]) if name in fields else None
+
+        return cls(
+            type=fields["type"],
+            job_id=fields["job_id"],
+            ts=float(fields["ts"]),
+            state=fields.get("state", ""),
+            frame=opt_int("frame"),
+            tile=opt_int("tile"),
+            attempt=opt_int("attempt"),
+            message=fields.get("message", ""),
+            id=entry_id,
+            v=int(fields.get("v", SCHEMA_VERSION)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}

@@ -1,0 +1,148 @@
+"""The rq adapter: one render queue per device class, tile/assembly/inspection jobs, the worker loop.
+
+This is the only module that imports rq. rq's own job status is not the record of a tile: the
+farm's job store is (``farm.jobstore``); rq only carries the work to a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+from rq import Queue, SimpleWorker
+from rq.job import Job
+
+from farm import keys
+from farm.errors import QueueError
+from farm.models import BlendSource, TileTask
+
+TILE_TASK = "workers.tasks.render_tile"
+ASSEMBLE_TASK = "workers.tasks.assemble_frame"
+INSPECT_TASK = "workers.tasks.inspect_blend"
+
+#: how long rq keeps a failed task's traceback (the farm keeps its own record of failures)
+FAILURE_TTL_S = 24 * 3600
+#: seconds between a worker's maintenance passes (rq registries, the farm's recovery sweep)
+MAINTENANCE_INTERVAL_S = 10
+#: a worker's heartbeat TTL; rq waits for new work this long minus 15 s per blocking pop
+WORKER_TTL_S = 35
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client for rq (binary replies, as rq requires)."""
+    try:
+        return redis.Redis.from_url(url)
+    except ValueError as exc:
+        raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
+
+
+class RenderQueue:
+    """The queue of one device class (``cpu``, ``gpu``, later ``t4``, ``l4``...)."""
+
+    def __init__(self, conn: redis.Redis, device_class: str) -> None:
+        self.conn = conn
+        self.device_class = device_class
+        self.queue = Queue(keys.render_queue(device_class), connection=conn)
+
+    def stage_tiles(
+        self, tasks: Iterable[TileTask], timeout_s: float, pipeline: Any = None
+    ) -> None:
+        """Push tile attempts; with ``pipeline`` the pushes join the caller's transaction."""
+        datas = [
+            Queue.prepare_data(
+                TILE_TASK,
+                args=(t.job_id, t.frame, t.index, t.attempt),
+                timeout=_rq_timeout(timeout_s),
+                result_ttl=0,
+                failure_ttl=FAILURE_TTL_S,
+                job_id=t.rq_id,
+                description=f"job {t.job_id} frame {t.frame} tile {t.index} attempt {t.attempt}",
+            )
+            for t in tasks
+        ]
+        if datas:
+            _guard(self.queue.enqueue_many, datas, pipeline=pipeline)
+
+    def enqueue_assembly(self, job_id: str, frame: int, timeout_s: float) -> None:
+        # at the front: a finished frame is worth more to the user than one more tile
+        _guard(
+            self.queue.enqueue_call,
+            ASSEMBLE_TASK,
+            args=(job_id, frame),
+            timeout=_rq_timeout(timeout_s),
+            result_ttl=0,
+            failure_ttl=FAILURE_TTL_S,
+            job_id=f"assemble-{job_id}-{frame}",
+            at_front=True,
+            description=f"job {job_id} assemble frame {frame}",
+        )
+
+    def enqueue_inspection(self, source: BlendSource, reply_key: str, timeout_s: float) -> None:
+        _guard(
+            self.queue.enqueue_call,
+            INSPECT_TASK,
+            args=(source.to_dict(), reply_key),
+            timeout=_rq_timeout(timeout_s),
+            result_ttl=0,
+            failure_ttl=FAILURE_TTL_S,
+            at_front=True,
+            description=f"inspect {source.name}",
+        )
+
+    def depth(self) -> int:
+        return int(self.queue.count)
+
+    def has_task(self, rq_id: str) -> bool:
+        return bool(_guard(Job.exists, rq_id, connection=self.conn))
+
+
+class _FarmWorker(SimpleWorker):  # type: ignore[misc]
+    """rq's in-process worker (no fork per job: the Blender child must outlive each tile)."""
+
+    maintenance_hook: Callable[[], None] | None = None
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()
+        if self.maintenance_hook is not None:
+            try:
+                self.maintenance_hook()
+            except Exception:  # a failed sweep must not stop the worker; the next one retries
+                self.log.exception("farm maintenance failed")
+
+
+def run_worker(
+    conn: redis.Redis,
+    device_class: str,
+    name: str,
+    *,
+    burst: bool = False,
+    maintenance: Callable[[], None] | None = None,
+    log_level: str = "INFO",
+) -> None:
+    """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty."""
+    worker = _FarmWorker(
+        [RenderQueue(conn, device_class).queue],
+        name=name,
+        connection=conn,
+        maintenance_interval=MAINTENANCE_INTERVAL_S,
+        worker_ttl=WORKER_TTL_S,
+        log_job_description=False,
+    )
+    worker.maintenance_hook = maintenance
+    logging.getLogger("rq.worker").setLevel(log_level)
+    _guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
+
+
+def _rq_timeout(timeout_s: float) -> int:
+    # The worker enforces the real limit by killing its Blender child; rq's own alarm is a
+    # backstop well past it, so it never fires first.
+    return int(timeout_s * 2 + 120)
+
+
+def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except redis.ConnectionError as exc:
+        raise QueueError(f"cannot reach Redis: {exc}") from exc

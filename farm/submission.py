@@ -1,0 +1,200 @@
+"""Turning a user's render request and the file's inspection report into an accepted job."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from farm import keys
+from farm.errors import BadParameter, FarmError, MissingFiles, NoCamera, QueueError
+from farm.frames import parse_frames
+from farm.jobstore import JobStore
+from farm.models import (
+    DEFAULT_FORMATS,
+    MAX_RESOLUTION,
+    MAX_SAMPLES,
+    BlendSource,
+    InspectionReport,
+    JobSpec,
+    parse_formats,
+)
+from farm.queue import RenderQueue
+from farm.settings import DEVICE_KINDS
+from farm.tiling import TileGrid, plan_tiles
+
+#: overlap used when the scene samples adaptively (pixels near a tile edge converge differently)
+ADAPTIVE_OVERLAP_PX = 16
+
+
+@dataclass(frozen=True)
+class RenderRequest:
+    """What the user asked for; ``None`` means "as saved in the file"."""
+
+    output: Path
+    frames: str | None = None
+    tiles: str = "2x2"
+    samples: int | None = None
+    resolution: str | None = None
+    formats: str = ",".join(DEFAULT_FORMATS)
+    device: str = "cpu"
+    overlap_px: int | None = None
+    allow_missing: bool = False
+    max_attempts: int = 3
+    tile_timeout_s: float = 1800.0
+    name: str | None = None
+
+
+def parse_resolution(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m:
+        raise BadParameter(f"resolution {text!r} is not WIDTHxHEIGHT, for example 1920x1080")
+    width, height = int(m.group(1)), int(m.group(2))
+    for side in (width, height):
+        if not 1 <= side <= MAX_RESOLUTION:
+            raise BadParameter(
+                f"resolution {width}x{height}: each side must be 1 to {MAX_RESOLUTION} pixels"
+            )
+    return width, height
+
+
+def check_request(req: RenderRequest) -> None:
+    """Every check that needs no Blender: run before anything is started or queued."""
+    if req.frames is not None:
+        parse_frames(req.frames)
+    TileGrid.parse(req.tiles)
+    if req.samples is not None and not 1 <= req.samples <= MAX_SAMPLES:
+        raise BadParameter(f"samples must be 1 to {MAX_SAMPLES}, not {req.samples}")
+    if req.resolution is not None:
+        width, height = parse_resolution(req.resolution)
+        plan_tiles(width, height, TileGrid.parse(req.tiles))
+    parse_formats(req.formats)
+    if req.device not in DEVICE_KINDS:
+        raise BadParameter(f"device {req.device!r} is not one of {', '.join(DEVICE_KINDS)}")
+    if req.overlap_px is not None and not 0 <= req.overlap_px <= 1024:
+        raise BadParameter(f"tile overlap must be 0 to 1024 pixels, not {req.overlap_px}")
+    if req.max_attempts < 1:
+        raise BadParameter("max attempts must be at least 1")
+
+
+def plan_job(
+    req: RenderRequest, report: InspectionReport, source: BlendSource
+) -> tuple[JobSpec, list[str]]:
+    """The job to queue, and warnings for the user; raises when the file cannot render right."""
+    check_request(req)
+    if report.camera is None:
+        hint = (
+            f"it has cameras ({', '.join(report.cameras)}) but none is active"
+            if report.cameras
+            else "add a camera"
+        )
+        raise NoCamera(f"scene {report.scene!r} has no active camera: {hint}", scene=report.scene)
+    if report.missing_files and not req.allow_missing:
+        shown = ", ".join(report.missing_files[:5])
+        more = f" and {len(report.missing_files) - 5} more" if len(report.missing_files) > 5 else ""
+        raise MissingFiles(
+            f"{len(report.missing_files)} external file(s) the scene needs are missing: "
+            f"{shown}{more}",
+            paths=report.missing_files,
+        )
+    frames = parse_frames(
+        req.frames or f"{report.frame_start}-{report.frame_end}x{max(1, report.frame_step)}"
+    )
+    width, height = (
+        parse_resolution(req.resolution) if req.resolution else (report.width, report.height)
+    )
+    grid = TileGrid.parse(req.tiles)
+    overlap = req.overlap_px
+    if overlap is None:
+        overlap = ADAPTIVE_OVERLAP_PX if report.adaptive_sampling and grid.count > 1 else 0
+    plan_tiles(width, height, grid, overlap)
+
+    warnings = []
+    if report.engine != "CYCLES":
+        warnings.append(f"the scene is set to {report.engine}; the farm renders it with Cycles")
+    if report.denoising:
+        warnings.append("denoising is off for tiled renders (per-tile denoising shows seams)")
+    if report.wants_scripts:
+        what = "; ".join(report.scripts) or report.autoexec_fail_message
+        warnings.append(f"the file wanted to run Python and was not allowed to: {what}")
+    if report.missing_files:
+        warnings.append(f"rendering without {len(report.missing_files)} missing file(s)")
+
+    spec = JobSpec(
+        source=source,
+        frames=tuple(frames),
+        tiles=str(grid),
+        width=width,
+        height=height,
+        output=str(req.output.resolve()),
+        name=req.name or Path(source.name).stem,
+        samples=req.samples,
+        overlap_px=overlap,
+        formats=parse_formats(req.formats),
+        device=req.device,
+        max_attempts=req.max_attempts,
+        tile_timeout_s=req.tile_timeout_s,
+    )
+    return spec, warnings
+
+
+def inspect(
+    conn: redis.Redis, queue: RenderQueue, source: BlendSource, timeout_s: float
+) -> InspectionReport:
+    """Ask a worker of ``queue`` to inspect the file; waits at most ``timeout_s`` for its answer."""
+    reply_key = keys.reply(uuid.uuid4().hex)
+    queue.enqueue_inspection(source, reply_key, timeout_s)
+    try:
+        popped = conn.blpop([reply_key], timeout=timeout_s)
+    except redis.ConnectionError as exc:
+        raise QueueError(f"cannot reach Redis: {exc}") from exc
+    if popped is None:
+        raise QueueError(
+            f"no {queue.device_class} worker answered within {timeout_s:.0f} s; "
+            f"start one with `farm worker --device {queue.device_class}`"
+        )
+    reply: dict[str, Any] = json.loads(popped[1])
+    if not reply["ok"]:
+        raise _error_from(reply)
+    return InspectionReport.from_dict(reply["report"])
+
+
+def _error_from(reply: dict[str, Any]) -> FarmError:
+    code = reply.get("error", "farm_error")
+    for cls in _all_error_classes(FarmError):
+        if cls.code == code:
+            fields = {k: v for k, v in reply.items() if k not in ("ok", "error", "message")}
+            return cls(reply.get("message", "the worker failed"), **fields)
+    return FarmError(reply.get("message", "the worker failed"))
+
+
+def _all_error_classes(base: type[FarmError]) -> list[type[FarmError]]:
+    out = [base]
+    for sub in base.__subclasses__():
+        out.extend(_all_error_classes(sub))
+    return out
+
+
+def submit(
+    rq_conn: redis.Redis,
+    store: JobStore,
+    queue: RenderQueue,
+    spec: JobSpec,
+    warnings: list[str],
+    scripts_blocked: bool,
+) -> str:
+    """Create the job and queue all its tiles in one transaction; returns the job id."""
+    job_id = store.new_job_id()
+    try:
+        with rq_conn.pipeline(transaction=True) as pipe:
+            tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
+            queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe)
+            pipe.execute()
+    except redis.ConnectionError as exc:
+        raise QueueError(f"cannot reach Redis: {exc}") from exc
+    return job_id

@@ -1,0 +1,37 @@
+"""Fixtures every test shares: a private redis-server per session, flushed around each test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from farm.redisserver import RedisServer
+
+REPO = Path(__file__).resolve().parent.parent
+TESTDATA = REPO.parent / "shared" / "testdata" / "blend"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of this test session's own on a free port (never the machine's 6379)."""
+    with RedisServer(tmp_path_factory.mktemp("redis"), unix_socket=False) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    conn = redis.Redis.from_url(redis_server.url)
+    conn.flushall()
+    yield redis_server.url
+    conn.flushall()
+    conn.close()
+
+
+@pytest.fixture
+def rconn(redis_url: str) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield conn
+    conn.close()

@@ -1,0 +1,162 @@
+"""The job store's Lua state machine against a real redis-server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from farm import keys
+from farm.jobstore import JobStore
+from farm.models import BlendSource, JobSpec, TileTask
+from farm.queue import RenderQueue
+from farm.states import JobState, TileState
+from farm.submission import submit
+
+
+def _spec(frames: tuple[int, ...] = (1, 2), tiles: str = "2x1", attempts: int = 2) -> JobSpec:
+    source = BlendSource("path", "/nowhere/scene.blend", "0" * 64, "scene.blend")
+    return JobSpec(source, frames, tiles, 64, 32, "/tmp/out", max_attempts=attempts)
+
+
+@pytest.fixture
+def store(redis_url: str) -> JobStore:
+    return JobStore(redis.Redis.from_url(redis_url, decode_responses=True))
+
+
+@pytest.fixture
+def queue(redis_url: str) -> RenderQueue:
+    return RenderQueue(redis.Redis.from_url(redis_url), "cpu")
+
+
+def _new_job(store: JobStore, queue: RenderQueue, spec: JobSpec | None = None) -> str:
+    return submit(queue.conn, store, queue, spec or _spec(), [], scripts_blocked=False)
+
+
+def test_submit_creates_job_and_queues_every_tile_at_once(
+    store: JobStore, queue: RenderQueue
+) -> None:
+    job_id = _new_job(store, queue)
+    status = store.status(job_id)
+    assert (status.state, status.tiles_total, status.frames_total) == ("queued", 4, 2)
+    assert queue.depth() == 4
+    assert set(store.tile_states(job_id).values()) == {TileState.QUEUED}
+
+
+def test_a_job_runs_through_to_done_with_one_assembly_per_frame(
+    store: JobStore, queue: RenderQueue
+) -> None:
+    job_id = _new_job(store, queue)
+    ready = []
+    for frame in (1, 2):
+        for index in (0, 1):
+            task = TileTask(job_id, frame, index, 1)
+            assert store.start_tile(task) == "ok"
+            assert store.state(job_id) == JobState.RUNNING
+            outcome = store.finish_tile(task, tiles_per_frame=2)
+            if outcome == "frame_ready":
+                ready.append(frame)
+    assert ready == [1, 2]
+    assert store.state(job_id) == JobState.ASSEMBLING
+    assert store.claim_frame(job_id, 1)
+    assert store.finish_frame(job_id, 1) == "ok"
+    assert store.finish_frame(job_id, 1) == "stale"  # a late duplicate assembly does not count
+    assert store.finish_frame(job_id, 2) == "ok"
+    status = store.status(job_id)
+    assert (status.state, status.frames_done, status.tiles_done) == ("done", 2, 4)
+    kinds = [e.type for e in store.events(job_id)]
+    assert kinds.count("frame_done") == 2 and kinds[-1] == "job_state"
+
+
+def test_a_tile_commits_once_and_a_stale_attempt_never(store: JobStore, queue: RenderQueue) -> None:
+    job_id = _new_job(store, queue)
+    task = TileTask(job_id, 1, 0, 1)
+    assert store.start_tile(task) == "ok"
+    assert store.start_tile(task) == "stale"  # a duplicate delivery of the same attempt
+    assert store.finish_tile(task, 2) == "ok"
+    assert store.finish_tile(task, 2) == "stale"
+    assert store.status(job_id).tiles_done == 1
+    # an attempt number that is not the tile's current one is refused outright
+    assert store.start_tile(TileTask(job_id, 1, 1, 7)) == "stale"
+
+
+def test_failures_retry_then_fail_the_job_with_a_reason(store: JobStore, queue: RenderQueue) -> None:
+    job_id = _new_job(store, queue, _spec(attempts=2))
+    task = TileTask(job_id, 1, 0, 1)
+    store.start_tile(task)
+    assert store.fail_tile(task, "Blender exited with SIGABRT", 2) == ("retry", 2)
+    assert store.fail_tile(task, "again", 2)[0] == "stale"  # attempt 1 is over
+    retry = TileTask(job_id, 1, 0, 2)
+    assert store.start_tile(retry) == "ok"
+    assert store.fail_tile(retry, "Blender exited with SIGABRT", 2)[0] == "failed"
+    status = store.status(job_id)
+    assert status.state == "failed"
+    assert "frame 1 tile 0 failed after 2 attempt(s): Blender exited with SIGABRT" in status.reason
+    assert status.tile_failures == 2
+    # the other tiles of a failed job are not started
+    assert store.start_tile(TileTask(job_id, 1, 1, 1)) == "job_failed"
+
+
+def test_a_requeue_that_is_not_a_failure_does_not_use_up_attempts(
+    store: JobStore, queue: RenderQueue
+) -> None:
+    job_id = _new_job(store, queue, _spec(attempts=1))
+    attempt = 1
+    for _ in range(3):
+        task = TileTask(job_id, 1, 0, attempt)
+        assert store.start_tile(task) == "ok"
+        outcome, attempt = store.fail_tile(task, "preempted", 1, counts=False)
+        assert outcome == "retry"
+    assert store.status(job_id).state == "running"
+
+
+def test_cancel_stops_new_tiles_and_refuses_late_commits(store: JobStore, queue: RenderQueue) -> None:
+    job_id = _new_job(store, queue)
+    running = TileTask(job_id, 1, 0, 1)
+    store.start_tile(running)
+    assert store.end_job(job_id, JobState.CANCELED, "by test") == "ok"
+    assert store.start_tile(TileTask(job_id, 1, 1, 1)) == "job_canceled"
+    assert store.finish_tile(running, 2) == "job_canceled"
+    states = store.tile_states(job_id)
+    assert states["1:0"] == TileState.CANCELED and states["2:1"] == TileState.CANCELED
+    assert store.end_job(job_id, JobState.CANCELED) == "job_canceled"
+    assert store.status(job_id).tiles_done == 0
+
+
+def test_recovery_requeues_tiles_whose_worker_stopped_renewing(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    job_id = _new_job(store, queue)
+    task = TileTask(job_id, 2, 1, 1)
+    store.start_tile(task)
+    assert store.recover(job_id, 3).tiles == []  # its lease is fresh
+    rconn.hset(keys.tiles(job_id), "2:1:d", time.time() - 1)  # the worker went silent
+    found = store.recover(job_id, 3)
+    assert found.tiles == [TileTask(job_id, 2, 1, 2)]
+    assert store.finish_tile(task, 2) == "stale"  # the lost worker cannot commit late
+    assert store.start_tile(TileTask(job_id, 2, 1, 2)) == "ok"
+
+
+def test_touch_renews_only_the_current_attempt(store: JobStore, queue: RenderQueue) -> None:
+    job_id = _new_job(store, queue)
+    task = TileTask(job_id, 1, 0, 1)
+    store.start_tile(task)
+    assert store.touch_tile(task)
+    assert not store.touch_tile(TileTask(job_id, 1, 0, 2))
+
+
+def test_every_script_transition_obeys_the_table(store: JobStore, rconn: redis.Redis) -> None:
+    # The Lua prelude is rendered from farm.states: a forbidden move is refused inside Redis too.
+    job_id = "manual"
+    spec = _spec()
+    rconn.hset(keys.job(job_id), mapping={"spec": spec.to_json(), "state": "done"})
+    rconn.hset(keys.tiles(job_id), mapping={"1:0": "done", "1:0:a": 1})
+    assert store.end_job(job_id, JobState.CANCELED) == "job_done"
+    assert store.state(job_id) == JobState.DONE
+
+
+def test_spec_round_trips_through_json(tmp_path: Path) -> None:
+    spec = _spec()
+    assert JobSpec.from_json(spec.to_json()) == spec
