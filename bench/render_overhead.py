@@ -1,0 +1,173 @@
+"""What the farm costs over plain Blender: one multi-frame job rendered three ways in one run.
+
+(a) one plain bpy process rendering the frames in sequence (the baseline);
+(b) the embedded farm (`farm render`): private redis-server, 1 worker, 2x2 tiles, persistent
+    Blender child, stitching;
+(c) what most farms do: a fresh Blender process per tile, then the same stitching.
+
+Prints wall times, the ratios b/a and c/a, and the per-tile overhead of (b) in ms, as medians
+and spreads over --runs repetitions, then one JSON line with every figure.
+
+    python bench/render_overhead.py [--scene farm/examples/example.blend] [--frames 1-4] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from farm import embedded, submission  # noqa: E402
+from farm.frames import parse_frames  # noqa: E402
+from farm.settings import Settings  # noqa: E402
+from farm.tiling import TileGrid, border_floats, plan_tiles  # noqa: E402
+from workers import exr  # noqa: E402
+from workers.stitching import stitch  # noqa: E402
+
+PLAIN = """
+import sys, bpy
+path, out, frames = sys.argv[1], sys.argv[2], [int(f) for f in sys.argv[3].split(",")]
+bpy.ops.wm.open_mainfile(filepath=path, load_ui=False, use_scripts=False)
+scene = bpy.context.scene
+scene.render.engine = "CYCLES"
+scene.render.use_compositing = False
+scene.render.use_sequencer = False
+s = scene.render.image_settings
+s.media_type = "IMAGE"
+s.file_format = "OPEN_EXR"
+s.color_depth = "32"
+s.exr_codec = "ZIP"
+for f in frames:
+    scene.frame_set(f)
+    scene.render.filepath = f"{out}/frame_{f:04d}.exr"
+    bpy.ops.render.render(write_still=True)
+"""
+
+ONE_TILE = """
+import sys, json, bpy
+a = json.loads(sys.argv[1])
+bpy.ops.wm.open_mainfile(filepath=a["path"], load_ui=False, use_scripts=False)
+scene = bpy.context.scene
+scene.render.engine = "CYCLES"
+scene.render.use_compositing = False
+scene.render.use_sequencer = False
+r = scene.render
+r.use_border = True
+r.use_crop_to_border = True
+r.border_min_x, r.border_max_x, r.border_min_y, r.border_max_y = a["border"]
+s = r.image_settings
+s.media_type = "IMAGE"
+s.file_format = "OPEN_EXR"
+s.color_depth = "32"
+s.exr_codec = "ZIP"
+scene.frame_set(a["frame"])
+r.filepath = a["out"]
+bpy.ops.render.render(write_still=True)
+"""
+
+
+def scene_size(scene: Path) -> tuple[int, int]:
+    code = (
+        "import sys, bpy; bpy.ops.wm.open_mainfile(filepath=sys.argv[1], use_scripts=False);"
+        "r = bpy.context.scene.render;"
+        "print(r.resolution_x * r.resolution_percentage // 100,"
+        " r.resolution_y * r.resolution_percentage // 100)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(scene)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    return int(out[-2]), int(out[-1])
+
+
+def run_plain(scene: Path, frames: list[int], tmp: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", PLAIN, str(scene), str(tmp),
+                    ",".join(map(str, frames))], check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def run_farm(scene: Path, frames: list[int], tmp: Path, tiles: str) -> float:
+    settings = Settings().with_(storage_dir=tmp / "storage", work_dir=tmp / "work")
+    req = submission.RenderRequest(output=tmp / "out", frames=",".join(map(str, frames)),
+                                   tiles=tiles, formats="exr")
+    t0 = time.perf_counter()
+    embedded.render(settings, scene, req, 1, io.StringIO())
+    return time.perf_counter() - t0
+
+
+def run_process_per_tile(scene: Path, frames: list[int], tmp: Path, tiles: str,
+                         size: tuple[int, int]) -> float:
+    width, height = size
+    plans = plan_tiles(width, height, TileGrid.parse(tiles))
+    t0 = time.perf_counter()
+    for f in frames:
+        arrays = []
+        for p in plans:
+            out = tmp / f"t{f}-{p.index}.exr"
+            arg = {"path": str(scene), "frame": f, "out": str(out),
+                   "border": border_floats(p.render, width, height)}
+            subprocess.run([sys.executable, "-c", ONE_TILE, json.dumps(arg)], check=True,
+                           capture_output=True)
+            arrays.append((p, exr.read_rgba(out)))
+        exr.write_rgba(tmp / f"frame_{f:04d}.exr", stitch(width, height, arrays))
+    return time.perf_counter() - t0
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scene", type=Path, default=REPO / "farm" / "examples" / "example.blend")
+    ap.add_argument("--frames", default="1-4")
+    ap.add_argument("--tiles", default="2x2")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    frames = parse_frames(args.frames)
+    size = scene_size(args.scene)
+    n_tiles = len(frames) * TileGrid.parse(args.tiles).count
+    a, b, c, overhead_ms = [], [], [], []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            for sub in ("a", "b", "c"):
+                (tmp / sub).mkdir()
+            a.append(run_plain(args.scene, frames, tmp / "a"))
+            b.append(run_farm(args.scene, frames, tmp / "b", args.tiles))
+            c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size))
+        overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
+        print(f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, "
+              f"process per tile {c[-1]:.2f} s", flush=True)
+    ratio_b = [y / x for x, y in zip(a, b, strict=True)]
+    ratio_c = [y / x for x, y in zip(a, c, strict=True)]
+    print(f"scene {args.scene.name} {size[0]}x{size[1]}, frames {args.frames}, "
+          f"tiles {args.tiles} ({n_tiles} tiles), {args.runs} runs")
+    print(f"(a) plain bpy          median {statistics.median(a):7.2f} s  "
+          f"[{min(a):.2f} .. {max(a):.2f}]")
+    print(f"(b) embedded farm      median {statistics.median(b):7.2f} s  "
+          f"[{min(b):.2f} .. {max(b):.2f}]  b/a {statistics.median(ratio_b):.3f}")
+    print(f"(c) process per tile   median {statistics.median(c):7.2f} s  "
+          f"[{min(c):.2f} .. {max(c):.2f}]  c/a {statistics.median(ratio_c):.3f}")
+    print(f"per-tile overhead of (b): median {statistics.median(overhead_ms):.1f} ms "
+          f"[{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]")
+    print(json.dumps({
+        "bench": "render_overhead", "scene": args.scene.name, "width_px": size[0],
+        "height_px": size[1], "frames": len(frames), "tiles": n_tiles, "runs": args.runs,
+        "plain_s": spread(a), "farm_s": spread(b), "process_per_tile_s": spread(c),
+        "farm_over_plain_ratio": spread(ratio_b),
+        "process_per_tile_over_plain_ratio": spread(ratio_c),
+        "farm_overhead_per_tile_ms": spread(overhead_ms),
+    }))
+
+
+if __name__ == "__main__":
+    main()

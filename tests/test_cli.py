@@ -1,0 +1,143 @@
+"""`farm` at the command line: bad input is refused in one line with a non-zero exit, and
+nothing it started outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.blendscenes import make_scene
+from tests.conftest import TESTDATA
+
+
+def farm(*args: str, cwd: Path, timeout_s: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout_s, env={**os.environ, **env}, check=False)
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_scene(tmp_path_factory.mktemp("cli") / "scene.blend")
+
+
+def _refused(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("farm: error:")]
+    assert len(errors) == 1, proc.stderr
+    for word in words:
+        assert word in errors[0], errors[0]
+
+
+def test_not_a_blend_file(tmp_path: Path) -> None:
+    png = tmp_path / "picture.blend"
+    png.write_bytes((TESTDATA / "01_principled_normal.png").read_bytes())
+    _refused(farm("render", str(png), cwd=tmp_path), "PNG")
+    assert not (tmp_path / "render").exists()
+
+
+def test_truncated_blend_file(tmp_path: Path, scene: Path) -> None:
+    cut = tmp_path / "cut.blend"
+    data = (TESTDATA / "12_anim_range_driver.blend").read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    _refused(farm("render", str(cut), cwd=tmp_path), "truncated")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--frames", ""], ["frame list is empty"]),
+        (["--frames", "9-3"], ["ends before it starts"]),
+        (["--samples", "0"], ["samples"]),
+        (["--samples", "-5"], ["samples"]),
+        (["--tiles", "64x64", "--resolution", "10x10"], ["more tiles than"]),
+        (["--tiles", "0x2"], ["tile grid"]),
+        (["--resolution", "100000x10"], ["resolution"]),
+        (["--formats", "gif"], ["gif"]),
+        (["--workers", "0"], ["--workers"]),
+    ],
+)
+def test_absurd_parameters_are_refused_before_anything_starts(
+    tmp_path: Path, scene: Path, args: list[str], words: list[str]
+) -> None:
+    started = time.monotonic()
+    proc = farm("render", str(scene), *args, cwd=tmp_path)
+    _refused(proc, *words)
+    # refused by the argument checks alone: no redis-server, no Blender was started
+    assert time.monotonic() - started < 10
+
+
+def test_scene_without_camera(tmp_path: Path) -> None:
+    blend = make_scene(tmp_path / "nocam.blend", camera=False)
+    _refused(farm("render", str(blend), cwd=tmp_path), "no active camera")
+    assert not (tmp_path / "render").exists()
+
+
+def test_missing_texture_names_the_file(tmp_path: Path) -> None:
+    proc = farm("render", str(TESTDATA / "01_missing_textures.blend"), cwd=tmp_path)
+    _refused(proc, "MissingTexture.png")
+
+
+def test_render_writes_frames_and_reports_json(tmp_path: Path, scene: Path) -> None:
+    proc = farm("render", str(scene), "--tiles", "2x2", "--output", "out", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["job"]["state"] == "done"
+    assert result["job"]["tiles_done"] == 4
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["frame_0001.exr",
+                                                                     "frame_0001.png"]
+
+
+def test_ctrl_c_cancels_and_stops_every_process_it_started(tmp_path: Path) -> None:
+    slow = make_scene(tmp_path / "slow.blend", width=160, height=90, samples=5000)
+    proc = subprocess.Popen([sys.executable, "-m", "farm", "render", str(slow), "--workers", "2"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started: set[int] = set()
+    deadline = time.monotonic() + 90
+    # wait until both workers run a Blender child: redis-server + 2 workers + 2 children
+    while time.monotonic() < deadline:
+        started |= set(_descendants(proc.pid))
+        if sum(b"blender_child" in _cmdline(p) for p in started) >= 2:
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise AssertionError("the farm never started its Blender children")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "canceled" in err
+    alive = [p for p in started if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+    assert alive == [], f"processes left behind: {[_cmdline(p) for p in alive]}"
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for k in kids:
+        out.append(int(k))
+        out.extend(_descendants(int(k)))
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "gone"
