@@ -47,12 +47,15 @@ def parse_frames(text: str) -> list[int]:
                     f"frame {f} is outside Blender's range {MIN_FRAME}..{MAX_FRAME}",
                     frames=text,
                 )
-        if (end - start) // step + 1 + len(frames) > MAX_FRAMES:
+        # checked per part before building it, so a huge range is refused without being built
+        if (end - start) // step + 1 > MAX_FRAMES:
             raise BadFrameList(f"more than {MAX_FRAMES} frames in one job", frames=text)
         for f in range(start, end + 1, step):
             if f not in seen:
                 seen.add(f)
                 frames.append(f)
+        if len(frames) > MAX_FRAMES:
+            raise BadFrameList(f"more than {MAX_FRAMES} frames in one job", frames=text)
     return frames
 
 

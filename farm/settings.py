@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -68,6 +69,8 @@ class Settings:
                     value = kind(env[name])
                 except ValueError:
                     raise BadParameter(f"{name}={env[name]!r} is not a number") from None
+                if not math.isfinite(value):
+                    raise BadParameter(f"{name}={env[name]!r} must be a finite number")
                 if value < minimum:
                     raise BadParameter(f"{name} must be at least {minimum}, not {value}")
                 values[attr] = value
@@ -88,6 +91,14 @@ class Settings:
         return replace(base, **values).validated()
 
     def validated(self) -> Settings:
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise BadParameter(
+                f"log level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
+            )
+        if self.log_level != self.log_level.upper():
+            return replace(self, log_level=self.log_level.upper()).validated()
+        if self.gpu_backend is not None and self.gpu_backend != self.gpu_backend.upper():
+            return replace(self, gpu_backend=self.gpu_backend.upper()).validated()
         if self.device not in DEVICE_KINDS:
             raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
         if self.gpu_backend is not None and self.gpu_backend.upper() not in GPU_BACKENDS:
@@ -100,5 +111,6 @@ class Settings:
         return replace(self, **changes).validated()
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Cycles compute backends in the order a worker prefers them
 GPU_BACKENDS = ("OPTIX", "CUDA", "HIP", "ONEAPI", "METAL")

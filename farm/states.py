@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from farm.errors import IllegalTransition
 
 
-class TileState(str, Enum):
+class TileState(StrEnum):
     QUEUED = "queued"
     RENDERING = "rendering"
     DONE = "done"
@@ -15,7 +15,7 @@ class TileState(str, Enum):
     CANCELED = "canceled"
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     # every tile is in; frames are being stitched and delivered
@@ -52,14 +52,14 @@ JOB_FINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELED})
 
 
 def check_tile_transition(old: TileState, new: TileState) -> None:
-    if new not in TILE_TRANSITIONS[old]:
+    if new not in TILE_TRANSITIONS.get(old, frozenset()):
         raise IllegalTransition(
-            f"a tile cannot go from {old.value} to {new.value}", old=old.value, new=new.value
+            f"a tile cannot go from {old} to {new}", old=str(old), new=str(new)
         )
 
 
 def check_job_transition(old: JobState, new: JobState) -> None:
-    if new not in JOB_TRANSITIONS[old]:
+    if new not in JOB_TRANSITIONS.get(old, frozenset()):
         raise IllegalTransition(
-            f"a job cannot go from {old.value} to {new.value}", old=old.value, new=new.value
+            f"a job cannot go from {old} to {new}", old=str(old), new=str(new)
         )

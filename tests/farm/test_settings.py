@@ -1,0 +1,125 @@
+"""Tests of Settings.from_env: each FARM_* variable, the defaults, and what is refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from farm.errors import BadParameter
+from farm.settings import GPU_BACKENDS, Settings
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    settings = Settings.from_env({})
+    assert settings == Settings()
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.device == "cpu"
+    assert settings.gpu_index is None and settings.gpu_backend is None
+    assert settings.cpu_threads == 0
+    assert settings.max_attempts == 3
+    assert settings.python == sys.executable
+
+
+def test_empty_values_mean_unset() -> None:
+    env = {name: "" for name in ENV_VALUES}
+    assert Settings.from_env(env) == Settings()
+
+
+ENV_VALUES = {
+    "FARM_REDIS_URL": ("redis_url", "unix:///tmp/farm/redis.sock", "unix:///tmp/farm/redis.sock"),
+    "FARM_STORAGE_DIR": ("storage_dir", "/srv/storage", Path("/srv/storage")),
+    "FARM_WORK_DIR": ("work_dir", "/scratch", Path("/scratch")),
+    "FARM_DEVICE": ("device", "gpu", "gpu"),
+    "FARM_GPU_INDEX": ("gpu_index", "3", 3),
+    "FARM_GPU_BACKEND": ("gpu_backend", "CUDA", "CUDA"),
+    "FARM_CPU_THREADS": ("cpu_threads", "8", 8),
+    "FARM_TILE_TIMEOUT_S": ("tile_timeout_s", "90.5", 90.5),
+    "FARM_INSPECT_TIMEOUT_S": ("inspect_timeout_s", "30", 30.0),
+    "FARM_MAX_ATTEMPTS": ("max_attempts", "5", 5),
+    "FARM_BLENDER_PYTHON": ("python", "/opt/blender/python", "/opt/blender/python"),
+    "FARM_LOG_LEVEL": ("log_level", "DEBUG", "DEBUG"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENV_VALUES))
+def test_each_variable_is_read(name: str) -> None:
+    attr, raw, value = ENV_VALUES[name]
+    settings = Settings.from_env({name: raw})
+    assert getattr(settings, attr) == value
+    assert type(getattr(settings, attr)) is type(value)
+    # nothing else changed
+    assert settings == Settings().with_(**{attr: value})
+
+
+def test_all_variables_together() -> None:
+    settings = Settings.from_env({name: raw for name, (_, raw, _) in ENV_VALUES.items()})
+    for attr, _, value in ENV_VALUES.values():
+        assert getattr(settings, attr) == value
+
+
+def test_unrelated_variables_are_ignored() -> None:
+    assert Settings.from_env({"HOME": "/root", "FARM_UNKNOWN": "1"}) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "says"),
+    [
+        ("FARM_GPU_INDEX", "one", "is not a number"),
+        ("FARM_GPU_INDEX", "1.5", "is not a number"),
+        ("FARM_GPU_INDEX", "-1", "at least 0"),
+        ("FARM_CPU_THREADS", "-2", "at least 0"),
+        ("FARM_CPU_THREADS", "4 threads", "is not a number"),
+        ("FARM_TILE_TIMEOUT_S", "30s", "is not a number"),
+        ("FARM_TILE_TIMEOUT_S", "0.5", "at least 1"),
+        ("FARM_INSPECT_TIMEOUT_S", "0", "at least 1"),
+        ("FARM_MAX_ATTEMPTS", "0", "at least 1"),
+        ("FARM_MAX_ATTEMPTS", "2.0", "is not a number"),
+    ],
+)
+def test_bad_numbers_are_refused(name: str, raw: str, says: str) -> None:
+    with pytest.raises(BadParameter) as raised:
+        Settings.from_env({name: raw})
+    assert says in raised.value.message
+    assert name in raised.value.message
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf"])
+def test_non_finite_time_limits_are_refused(raw: str) -> None:
+    with pytest.raises(BadParameter):
+        Settings.from_env({"FARM_TILE_TIMEOUT_S": raw})
+
+
+@pytest.mark.parametrize("device", ["tpu", "GPU ", "cuda", "0"])
+def test_unknown_device_is_refused(device: str) -> None:
+    with pytest.raises(BadParameter) as raised:
+        Settings.from_env({"FARM_DEVICE": device})
+    assert "cpu, gpu" in raised.value.message
+
+
+@pytest.mark.parametrize("backend", [*GPU_BACKENDS, "optix", "cuda"])
+def test_known_gpu_backends_in_any_case(backend: str) -> None:
+    assert Settings.from_env({"FARM_GPU_BACKEND": backend}).gpu_backend == backend.upper()
+
+
+def test_unknown_gpu_backend_is_refused() -> None:
+    with pytest.raises(BadParameter) as raised:
+        Settings.from_env({"FARM_GPU_BACKEND": "VULKAN"})
+    assert "OPTIX" in raised.value.message
+
+
+def test_unknown_log_level_is_refused() -> None:
+    with pytest.raises(BadParameter):
+        Settings.from_env({"FARM_LOG_LEVEL": "chatty"})
+
+
+def test_with_validates_changes() -> None:
+    assert Settings().with_(device="gpu").device == "gpu"
+    with pytest.raises(BadParameter):
+        Settings().with_(device="fpga")
+
+
+def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FARM_MAX_ATTEMPTS", "7")
+    assert Settings.from_env().max_attempts == 7

@@ -1,0 +1,124 @@
+"""Tests of the job and tile transition tables: every pair of states, allowed or not."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, TypeVar
+
+import pytest
+
+from farm.errors import IllegalTransition
+from farm.states import (
+    JOB_FINAL,
+    JOB_TRANSITIONS,
+    TILE_FINAL,
+    TILE_TRANSITIONS,
+    JobState,
+    TileState,
+    check_job_transition,
+    check_tile_transition,
+)
+
+TILE_ALLOWED = {
+    (TileState.QUEUED, TileState.RENDERING),
+    (TileState.QUEUED, TileState.CANCELED),
+    (TileState.RENDERING, TileState.DONE),
+    (TileState.RENDERING, TileState.QUEUED),
+    (TileState.RENDERING, TileState.FAILED),
+    (TileState.RENDERING, TileState.CANCELED),
+    (TileState.FAILED, TileState.QUEUED),
+}
+JOB_ALLOWED = {
+    (JobState.QUEUED, JobState.RUNNING),
+    (JobState.QUEUED, JobState.FAILED),
+    (JobState.QUEUED, JobState.CANCELED),
+    (JobState.RUNNING, JobState.ASSEMBLING),
+    (JobState.RUNNING, JobState.FAILED),
+    (JobState.RUNNING, JobState.CANCELED),
+    (JobState.ASSEMBLING, JobState.DONE),
+    (JobState.ASSEMBLING, JobState.FAILED),
+    (JobState.ASSEMBLING, JobState.CANCELED),
+    (JobState.FAILED, JobState.RUNNING),
+}
+
+TILE_PAIRS = list(itertools.product(TileState, repeat=2))
+JOB_PAIRS = list(itertools.product(JobState, repeat=2))
+
+
+def test_tables_cover_every_state() -> None:
+    assert set(TILE_TRANSITIONS) == set(TileState)
+    assert set(JOB_TRANSITIONS) == set(JobState)
+
+
+def test_tables_are_the_documented_ones() -> None:
+    # Written out by hand so that a change to a table is a deliberate change to this test too.
+    assert {(a, b) for a, bs in TILE_TRANSITIONS.items() for b in bs} == TILE_ALLOWED
+    assert {(a, b) for a, bs in JOB_TRANSITIONS.items() for b in bs} == JOB_ALLOWED
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), TILE_PAIRS, ids=[f"{a.value}-{b.value}" for a, b in TILE_PAIRS]
+)
+def test_every_tile_pair(old: TileState, new: TileState) -> None:
+    check(check_tile_transition, old, new, (old, new) in TILE_ALLOWED, "tile")
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), JOB_PAIRS, ids=[f"{a.value}-{b.value}" for a, b in JOB_PAIRS]
+)
+def test_every_job_pair(old: JobState, new: JobState) -> None:
+    check(check_job_transition, old, new, (old, new) in JOB_ALLOWED, "job")
+
+
+def check(
+    checker: Callable[[Any, Any], None], old: Enum, new: Enum, allowed: bool, what: str
+) -> None:
+    if allowed:
+        checker(old, new)
+        return
+    with pytest.raises(IllegalTransition) as raised:
+        checker(old, new)
+    assert raised.value.message == f"a {what} cannot go from {old.value} to {new.value}"
+    assert raised.value.fields == {"old": old.value, "new": new.value}
+
+
+def test_no_state_moves_to_itself() -> None:
+    for tile_state in TileState:
+        assert tile_state not in TILE_TRANSITIONS[tile_state]
+    for job_state in JobState:
+        assert job_state not in JOB_TRANSITIONS[job_state]
+
+
+def test_final_states_have_no_exit_but_a_retry_of_failed() -> None:
+    assert {s for s in TileState if not TILE_TRANSITIONS[s]} | {TileState.FAILED} == TILE_FINAL
+    assert {s for s in JobState if not JOB_TRANSITIONS[s]} | {JobState.FAILED} == JOB_FINAL
+    assert TILE_TRANSITIONS[TileState.FAILED] == {TileState.QUEUED}
+    assert JOB_TRANSITIONS[JobState.FAILED] == {JobState.RUNNING}
+
+
+S = TypeVar("S", TileState, JobState)
+
+
+def reachable(table: Mapping[S, frozenset[S]], start: S) -> set[S]:
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in table[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_every_state_is_reachable_and_every_unfinished_state_has_a_way_on() -> None:
+    assert reachable(TILE_TRANSITIONS, TileState.QUEUED) == set(TileState)
+    assert reachable(JOB_TRANSITIONS, JobState.QUEUED) == set(JobState)
+    assert all(TILE_TRANSITIONS[s] for s in TileState if s not in TILE_FINAL)
+    assert all(JOB_TRANSITIONS[s] for s in JobState if s not in JOB_FINAL)
+
+
+def test_states_are_strings_for_redis_and_json() -> None:
+    assert TileState("rendering") is TileState.RENDERING
+    assert JobState.ASSEMBLING.value == "assembling"
+    assert isinstance(TileState.DONE, str)
