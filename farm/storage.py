@@ -14,6 +14,16 @@ from farm.models import BlendSource
 CHUNK = 1 << 20
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: mode of files the farm writes: what the process's umask allows (mkstemp would give 0600)
+FILE_MODE = 0o666 & ~_umask()
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -35,6 +45,7 @@ def place_file(src: Path, dest: Path, *, move: bool = False) -> None:
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, dest)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -97,20 +98,37 @@ def test_render_writes_frames_and_reports_json(tmp_path: Path, scene: Path) -> N
 def test_ctrl_c_cancels_and_stops_every_process_it_started(tmp_path: Path) -> None:
     slow = make_scene(tmp_path / "slow.blend", width=160, height=90, samples=5000)
     proc = subprocess.Popen([sys.executable, "-m", "farm", "render", str(slow), "--workers", "2"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    queued = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "tiles " in line:
+                queued.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     started: set[int] = set()
     deadline = time.monotonic() + 90
-    # wait until both workers run a Blender child: redis-server + 2 workers + 2 children
+    # wait until the job is queued and both workers run a Blender child
     while time.monotonic() < deadline:
         started |= set(_descendants(proc.pid))
-        if sum(b"blender_child" in _cmdline(p) for p in started) >= 2:
+        if queued.is_set() and sum(b"blender_child" in _cmdline(p) for p in started) >= 2:
             break
         time.sleep(0.1)
     else:
         proc.kill()
-        raise AssertionError("the farm never started its Blender children")
+        raise AssertionError(f"the farm never started rendering: {''.join(lines)}")
+    started |= set(_descendants(proc.pid))
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    proc.wait(60)
+    reader.join(10)
+    proc.stderr.close()
+    err = "".join(lines)
     assert proc.returncode == 130, err
     assert "canceled" in err
     alive = [p for p in started if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
