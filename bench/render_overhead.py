@@ -82,29 +82,35 @@ def scene_size(scene: Path) -> tuple[int, int]:
         "print(r.resolution_x * r.resolution_percentage // 100,"
         " r.resolution_y * r.resolution_percentage // 100)"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(scene)], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(scene)], capture_output=True, text=True, check=True
+    ).stdout.split()
     return int(out[-2]), int(out[-1])
 
 
 def run_plain(scene: Path, frames: list[int], tmp: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", PLAIN, str(scene), str(tmp),
-                    ",".join(map(str, frames))], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", PLAIN, str(scene), str(tmp), ",".join(map(str, frames))],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
 def run_farm(scene: Path, frames: list[int], tmp: Path, tiles: str) -> float:
     settings = Settings().with_(storage_dir=tmp / "storage", work_dir=tmp / "work")
-    req = submission.RenderRequest(output=tmp / "out", frames=",".join(map(str, frames)),
-                                   tiles=tiles, formats="exr")
+    req = submission.RenderRequest(
+        output=tmp / "out", frames=",".join(map(str, frames)), tiles=tiles, formats="exr"
+    )
     t0 = time.perf_counter()
     embedded.render(settings, scene, req, 1, io.StringIO())
     return time.perf_counter() - t0
 
 
-def run_process_per_tile(scene: Path, frames: list[int], tmp: Path, tiles: str,
-                         size: tuple[int, int]) -> float:
+def run_process_per_tile(
+    scene: Path, frames: list[int], tmp: Path, tiles: str, size: tuple[int, int]
+) -> float:
     width, height = size
     plans = plan_tiles(width, height, TileGrid.parse(tiles))
     t0 = time.perf_counter()
@@ -112,10 +118,15 @@ def run_process_per_tile(scene: Path, frames: list[int], tmp: Path, tiles: str,
         arrays = []
         for p in plans:
             out = tmp / f"t{f}-{p.index}.exr"
-            arg = {"path": str(scene), "frame": f, "out": str(out),
-                   "border": border_floats(p.render, width, height)}
-            subprocess.run([sys.executable, "-c", ONE_TILE, json.dumps(arg)], check=True,
-                           capture_output=True)
+            arg = {
+                "path": str(scene),
+                "frame": f,
+                "out": str(out),
+                "border": border_floats(p.render, width, height),
+            }
+            subprocess.run(
+                [sys.executable, "-c", ONE_TILE, json.dumps(arg)], check=True, capture_output=True
+            )
             arrays.append((p, exr.read_rgba(out)))
         exr.write_rgba(tmp / f"frame_{f:04d}.exr", stitch(width, height, arrays))
     return time.perf_counter() - t0
@@ -145,28 +156,52 @@ def main() -> None:
             b.append(run_farm(args.scene, frames, tmp / "b", args.tiles))
             c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size))
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
-        print(f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, "
-              f"process per tile {c[-1]:.2f} s", flush=True)
+        print(
+            f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, "
+            f"process per tile {c[-1]:.2f} s",
+            flush=True,
+        )
     ratio_b = [y / x for x, y in zip(a, b, strict=True)]
     ratio_c = [y / x for x, y in zip(a, c, strict=True)]
-    print(f"scene {args.scene.name} {size[0]}x{size[1]}, frames {args.frames}, "
-          f"tiles {args.tiles} ({n_tiles} tiles), {args.runs} runs")
-    print(f"(a) plain bpy          median {statistics.median(a):7.2f} s  "
-          f"[{min(a):.2f} .. {max(a):.2f}]")
-    print(f"(b) embedded farm      median {statistics.median(b):7.2f} s  "
-          f"[{min(b):.2f} .. {max(b):.2f}]  b/a {statistics.median(ratio_b):.3f}")
-    print(f"(c) process per tile   median {statistics.median(c):7.2f} s  "
-          f"[{min(c):.2f} .. {max(c):.2f}]  c/a {statistics.median(ratio_c):.3f}")
-    print(f"per-tile overhead of (b): median {statistics.median(overhead_ms):.1f} ms "
-          f"[{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]")
-    print(json.dumps({
-        "bench": "render_overhead", "scene": args.scene.name, "width_px": size[0],
-        "height_px": size[1], "frames": len(frames), "tiles": n_tiles, "runs": args.runs,
-        "plain_s": spread(a), "farm_s": spread(b), "process_per_tile_s": spread(c),
-        "farm_over_plain_ratio": spread(ratio_b),
-        "process_per_tile_over_plain_ratio": spread(ratio_c),
-        "farm_overhead_per_tile_ms": spread(overhead_ms),
-    }))
+    print(
+        f"scene {args.scene.name} {size[0]}x{size[1]}, frames {args.frames}, "
+        f"tiles {args.tiles} ({n_tiles} tiles), {args.runs} runs"
+    )
+    print(
+        f"(a) plain bpy          median {statistics.median(a):7.2f} s  "
+        f"[{min(a):.2f} .. {max(a):.2f}]"
+    )
+    print(
+        f"(b) embedded farm      median {statistics.median(b):7.2f} s  "
+        f"[{min(b):.2f} .. {max(b):.2f}]  b/a {statistics.median(ratio_b):.3f}"
+    )
+    print(
+        f"(c) process per tile   median {statistics.median(c):7.2f} s  "
+        f"[{min(c):.2f} .. {max(c):.2f}]  c/a {statistics.median(ratio_c):.3f}"
+    )
+    print(
+        f"per-tile overhead of (b): median {statistics.median(overhead_ms):.1f} ms "
+        f"[{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "render_overhead",
+                "scene": args.scene.name,
+                "width_px": size[0],
+                "height_px": size[1],
+                "frames": len(frames),
+                "tiles": n_tiles,
+                "runs": args.runs,
+                "plain_s": spread(a),
+                "farm_s": spread(b),
+                "process_per_tile_s": spread(c),
+                "farm_over_plain_ratio": spread(ratio_b),
+                "process_per_tile_over_plain_ratio": spread(ratio_c),
+                "farm_overhead_per_tile_ms": spread(overhead_ms),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Any
 
 from farm import jobstore, queue, submission
 from farm.blendfile import check_blend
-from farm.errors import FarmError, JobCanceled
+from farm.errors import BadParameter, FarmError, JobCanceled
 from farm.models import DEFAULT_FORMATS
 from farm.progress import ProgressBar
 from farm.settings import DEVICE_KINDS, Settings
@@ -23,17 +23,29 @@ from farm.storage import LocalStorage
 
 def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("blend", type=Path, help="the .blend file to render")
-    p.add_argument("--frames", help="frames to render, e.g. 1-10,20,30-40x2 (default: the scene's range)")
+    p.add_argument(
+        "--frames", help="frames to render, e.g. 1-10,20,30-40x2 (default: the scene's range)"
+    )
     p.add_argument("--tiles", default="2x2", help="tile grid per frame, COLSxROWS (default 2x2)")
     p.add_argument("--samples", type=int, help="Cycles samples per pixel (default: as saved)")
     p.add_argument("--resolution", help="WIDTHxHEIGHT in pixels (default: as saved)")
-    p.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
-                   help="output formats: exr, png, png16, jpeg (default exr,png)")
+    p.add_argument(
+        "--formats",
+        default=",".join(DEFAULT_FORMATS),
+        help="output formats: exr, png, png16, jpeg (default exr,png)",
+    )
     p.add_argument("--device", choices=DEVICE_KINDS, default="cpu", help="render on cpu or gpu")
-    p.add_argument("--overlap", type=int, dest="overlap_px",
-                   help="tile overlap in pixels (default 16 when the scene samples adaptively)")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="render even though external files are missing (they render magenta)")
+    p.add_argument(
+        "--overlap",
+        type=int,
+        dest="overlap_px",
+        help="tile overlap in pixels (default 16 when the scene samples adaptively)",
+    )
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="render even though external files are missing (they render magenta)",
+    )
     p.add_argument("--max-attempts", type=int, help="attempts per tile before the job fails")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
@@ -67,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("worker", help="serve a device's render queue (one per GPU, or one CPU worker)")
+    p = sub.add_parser(
+        "worker", help="serve a device's render queue (one per GPU, or one CPU worker)"
+    )
     p.add_argument("--device", choices=DEVICE_KINDS, help="overrides FARM_DEVICE")
     p.add_argument("--gpu-index", type=int, help="overrides FARM_GPU_INDEX")
     p.add_argument("--name", help="worker name (default host-device-pid)")
@@ -100,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _request(args: argparse.Namespace, settings: Settings, output: Path) -> submission.RenderRequest:
+def _request(
+    args: argparse.Namespace, settings: Settings, output: Path
+) -> submission.RenderRequest:
     return submission.RenderRequest(
         output=output,
         frames=args.frames,
@@ -120,7 +136,7 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     from farm import embedded
 
     if args.workers < 1 or args.workers > 64:
-        raise submission.BadParameter(f"--workers must be 1 to 64, not {args.workers}")
+        raise BadParameter(f"--workers must be 1 to 64, not {args.workers}")
     output = args.output or Path("render") / args.blend.stem
     req = _request(args, settings, output)
     outcome = embedded.render(
@@ -172,8 +188,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
             return [j.to_dict() for j in jobs]
         print(f"{'JOB':<26} {'STATE':<11} {'TILES':>11} {'FRAMES':>9}  NAME")
         for j in jobs:
-            print(f"{j.id:<26} {j.state:<11} {j.tiles_done:>5}/{j.tiles_total:<5} "
-                  f"{j.frames_done:>4}/{j.frames_total:<4}  {j.spec.name}")
+            print(
+                f"{j.id:<26} {j.state:<11} {j.tiles_done:>5}/{j.tiles_total:<5} "
+                f"{j.frames_done:>4}/{j.frames_total:<4}  {j.spec.name}"
+            )
         return None
     job = store.status(args.job)
     if args.json:
@@ -181,8 +199,10 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
     started = job.started_s or job.created_s
     took = (job.finished_s or time.time()) - started
     print(f"job {job.id} ({job.spec.name}): {job.state}")
-    print(f"  tiles {job.tiles_done}/{job.tiles_total}, frames {job.frames_done}/{job.frames_total}, "
-          f"failed attempts {job.tile_failures}, {took:.1f} s")
+    print(
+        f"  tiles {job.tiles_done}/{job.tiles_total}, frames {job.frames_done}/{job.frames_total}, "
+        f"failed attempts {job.tile_failures}, {took:.1f} s"
+    )
     print(f"  output {job.spec.output}")
     if job.reason:
         print(f"  reason: {job.reason}")

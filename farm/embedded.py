@@ -151,7 +151,7 @@ def render(
     *,
     keep_dir: Path | None = None,
 ) -> RenderOutcome:
-    """Render ``blend`` on a farm that lives for this call: check, inspect, queue, watch, clean up."""
+    """Render ``blend`` on a farm that lives for this call: check, inspect, queue, watch."""
     submission.check_request(req)
     check_blend(blend)
     blend = blend.resolve()
@@ -193,9 +193,7 @@ def _run(
     rq_conn = queue.connect(settings.redis_url)
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     render_queue = queue.RenderQueue(rq_conn, settings.device)
-    report = submission.inspect(
-        store.conn, render_queue, source, settings.inspect_timeout_s + 60
-    )
+    report = submission.inspect(store.conn, render_queue, source, settings.inspect_timeout_s + 60)
     spec, warnings = submission.plan_job(req, report, source)
     job_id = submission.submit(
         rq_conn, store, render_queue, spec, warnings, scripts_blocked=report.autoexec_fail
@@ -208,7 +206,9 @@ def _run(
     except (KeyboardInterrupt, _Stop):
         store.end_job(job_id, JobState.CANCELED, "canceled by the user")
         bar.close("canceled")
-        raise JobCanceled(f"job {job_id} canceled; nothing was delivered after the cancel") from None
+        raise JobCanceled(
+            f"job {job_id} canceled; nothing was delivered after the cancel"
+        ) from None
     return RenderOutcome(status, report, warnings, time.monotonic() - t0, pool.restarts)
 
 

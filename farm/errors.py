@@ -1,4 +1,4 @@
-"""The one tree of Tessera's errors: each carries a message a user can act on and structured fields."""
+"""The one tree of Tessera's errors: a message a user can act on, plus structured fields."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class IllegalTransition(FarmError):
 
 
 class Conflict(FarmError):
-    """A compare-and-set lost: somebody else changed the record first (stale attempt, late commit)."""
+    """A compare-and-set lost: the record changed first (a stale attempt, a late commit)."""
 
     code = "conflict"
 

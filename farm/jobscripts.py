@@ -59,7 +59,9 @@ end
 """
 
 # KEYS: job, tiles, events   ARGV: jid, frame, index, attempt, ts, deadline
-START_TILE = PRELUDE + """
+START_TILE = (
+    PRELUDE
+    + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'no_job' end
 if FINAL[st] then return 'job_' .. st end
@@ -73,6 +75,7 @@ if st == 'queued' then job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[5], '
 tile_event(KEYS[3], ARGV[1], ARGV[5], 'rendering', ARGV[2], ARGV[3], ARGV[4], '')
 return 'ok'
 """
+)
 
 # KEYS: tiles   ARGV: tile, attempt, deadline
 TOUCH_TILE = """
@@ -85,7 +88,9 @@ return 1
 
 # KEYS: job, tiles, framecount, assembling, events
 # ARGV: jid, frame, index, attempt, ts, tiles_per_frame, assembly_deadline
-FINISH_TILE = PRELUDE + """
+FINISH_TILE = (
+    PRELUDE
+    + """
 local tile = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
@@ -109,11 +114,14 @@ if done == tonumber(redis.call('HGET', KEYS[1], 'tiles_total')) then
 end
 return result
 """
+)
 
 # KEYS: job, tiles, events
 # ARGV: jid, frame, index, attempt, ts, reason, max_attempts, counts ('1' a failure, '0' a requeue)
 # Returns {'retry', new_attempt} | {'failed', attempt} | {'stale'} | {'job_<state>'}
-FAIL_TILE = PRELUDE + """
+FAIL_TILE = (
+    PRELUDE
+    + """
 local tile = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return {'stale'}
@@ -142,9 +150,12 @@ local why = 'frame ' .. ARGV[2] .. ' tile ' .. ARGV[3] .. ' failed after ' .. fa
 job_move(KEYS[1], KEYS[3], ARGV[1], 'failed', ARGV[5], why)
 return {'failed', ARGV[4]}
 """
+)
 
 # KEYS: job, assembling, events   ARGV: jid, frame, ts
-FINISH_FRAME = PRELUDE + """
+FINISH_FRAME = (
+    PRELUDE
+    + """
 if redis.call('HDEL', KEYS[2], ARGV[2]) == 0 then return 'stale' end
 local st = redis.call('HGET', KEYS[1], 'state')
 if FINAL[st] then return 'job_' .. st end
@@ -155,6 +166,7 @@ if done == tonumber(redis.call('HGET', KEYS[1], 'frames_total')) then
 end
 return 'ok'
 """
+)
 
 # KEYS: job, assembling   ARGV: frame, deadline   (an assembler claims or renews a frame)
 CLAIM_FRAME = """
@@ -165,7 +177,9 @@ return 1
 
 # KEYS: job, tiles, events   ARGV: jid, new_state, ts, reason
 # Cancel or fail a whole job; queued tiles are canceled with it.
-END_JOB = PRELUDE + """
+END_JOB = (
+    PRELUDE
+    + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'no_job' end
 if FINAL[st] then return 'job_' .. st end
@@ -180,12 +194,15 @@ if ARGV[2] == 'canceled' then
 end
 return 'ok'
 """
+)
 
 # KEYS: job, tiles, assembling, events   ARGV: jid, now, max_attempts, assembly_deadline
 # Requeue tiles whose worker stopped renewing them, and reopen stalled frame assemblies.
 # Returns a flat list: 't', frame, index, attempt, ... for tiles to enqueue; 'f', frame, ... for
 # frames to assemble again.
-RECOVER = PRELUDE + """
+RECOVER = (
+    PRELUDE
+    + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st or FINAL[st] then return {} end
 local out = {}
@@ -228,3 +245,4 @@ for i = 1, #frames, 2 do
 end
 return out
 """
+)

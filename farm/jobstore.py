@@ -1,4 +1,4 @@
-"""Job and tile state in Redis: create jobs, move tiles and frames through their states, read events."""
+"""Job and tile state in Redis: create jobs, move tiles and frames through states, events."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class JobStore:
         pipe.hset(keys.tiles(job_id), mapping=tile_fields)
         pipe.zadd(keys.JOBS, {job_id: now})
         event = Event("job_state", job_id, now, state=JobState.QUEUED.value)
-        pipe.xadd(keys.events(job_id), event.to_fields())  # type: ignore[arg-type]
+        pipe.xadd(keys.events(job_id), event.to_fields())
         return tasks
 
     # --- reading --------------------------------------------------------------------------
@@ -142,9 +142,7 @@ class JobStore:
     def active_job_ids(self) -> list[str]:
         return [j for j in self.job_ids(1000) if self.state(j) not in JOB_FINAL]
 
-    def events(
-        self, job_id: str, after: str = "0", block_ms: int | None = None
-    ) -> list[Event]:
+    def events(self, job_id: str, after: str = "0", block_ms: int | None = None) -> list[Event]:
         reply = self._call(
             self.conn.xread, {keys.events(job_id): after}, count=1000, block=block_ms
         )
@@ -174,15 +172,28 @@ class JobStore:
         )
 
     def finish_tile(self, task: TileTask, tiles_per_frame: int) -> str:
-        """Commit a rendered tile: 'ok', 'frame_ready' (the frame's last tile), 'stale', 'job_<state>'."""
+        """Commit a rendered tile: 'ok', 'frame_ready' (its frame's last), 'stale', 'job_<st>'."""
         now = time.time()
         j = task.job_id
         return str(
             self._run(
                 self._finish,
-                [keys.job(j), keys.tiles(j), keys.frame_counts(j), keys.assembling(j), keys.events(j)],
-                [j, task.frame, task.index, task.attempt, now, tiles_per_frame,
-                 now + ASSEMBLY_LEASE_S],
+                [
+                    keys.job(j),
+                    keys.tiles(j),
+                    keys.frame_counts(j),
+                    keys.assembling(j),
+                    keys.events(j),
+                ],
+                [
+                    j,
+                    task.frame,
+                    task.index,
+                    task.attempt,
+                    now,
+                    tiles_per_frame,
+                    now + ASSEMBLY_LEASE_S,
+                ],
             )
         )
 
@@ -197,8 +208,16 @@ class JobStore:
         reply = self._run(
             self._fail,
             [keys.job(j), keys.tiles(j), keys.events(j)],
-            [j, task.frame, task.index, task.attempt, time.time(), reason, max_attempts,
-             "1" if counts else "0"],
+            [
+                j,
+                task.frame,
+                task.index,
+                task.attempt,
+                time.time(),
+                reason,
+                max_attempts,
+                "1" if counts else "0",
+            ],
         )
         outcome = str(reply[0])
         return outcome, int(reply[1]) if len(reply) > 1 else 0

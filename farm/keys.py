@@ -14,7 +14,7 @@ def job(job_id: str) -> str:
 
 
 def tiles(job_id: str) -> str:
-    """Hash: ``frame:index`` -> state, ``frame:index:a`` -> attempt, ``frame:index:d`` -> deadline."""
+    """Hash: ``frame:index`` -> state; ``:a`` attempt, ``:f`` failures, ``:d`` lease deadline."""
     return f"{PREFIX}:job:{job_id}:tiles"
 
 

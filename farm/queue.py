@@ -1,4 +1,4 @@
-"""The rq adapter: one render queue per device class, tile/assembly/inspection jobs, the worker loop.
+"""The rq adapter: a render queue per device class, tile/assembly/inspection jobs, the worker.
 
 This is the only module that imports rq. rq's own job status is not the record of a tile: the
 farm's job store is (``farm.jobstore``); rq only carries the work to a worker.
@@ -98,13 +98,13 @@ class RenderQueue:
         return bool(_guard(Job.exists, rq_id, connection=self.conn))
 
 
-class _FarmWorker(SimpleWorker):  # type: ignore[misc]
+class _FarmWorker(SimpleWorker):
     """rq's in-process worker (no fork per job: the Blender child must outlive each tile)."""
 
     maintenance_hook: Callable[[], None] | None = None
 
     def run_maintenance_tasks(self) -> None:
-        super().run_maintenance_tasks()
+        super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
         if self.maintenance_hook is not None:
             try:
                 self.maintenance_hook()

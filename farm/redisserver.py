@@ -26,6 +26,7 @@ STOP_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 8
 INSTALL_HINT = "redis-server is not installed: run `make setup` (or `apt-get install redis-server`)"
 
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -53,13 +53,9 @@ JOB_FINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELED})
 
 def check_tile_transition(old: TileState, new: TileState) -> None:
     if new not in TILE_TRANSITIONS.get(old, frozenset()):
-        raise IllegalTransition(
-            f"a tile cannot go from {old} to {new}", old=str(old), new=str(new)
-        )
+        raise IllegalTransition(f"a tile cannot go from {old} to {new}", old=str(old), new=str(new))
 
 
 def check_job_transition(old: JobState, new: JobState) -> None:
     if new not in JOB_TRANSITIONS.get(old, frozenset()):
-        raise IllegalTransition(
-            f"a job cannot go from {old} to {new}", old=str(old), new=str(new)
-        )
+        raise IllegalTransition(f"a job cannot go from {old} to {new}", old=str(old), new=str(new))

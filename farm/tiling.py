@@ -13,7 +13,7 @@ MAX_GRID_SIDE = 64
 
 @dataclass(frozen=True)
 class Rect:
-    """Half-open pixel rectangle [x0, x1) x [y0, y1); y counts up from the bottom row (Blender's)."""
+    """Half-open pixel rectangle [x0, x1) x [y0, y1); y counts up from the bottom row."""
 
     x0: int
     y0: int
@@ -39,9 +39,7 @@ class TileGrid:
         """Parse ``"CxR"`` (``"2x2"``, ``"3X1"``) or a single ``"N"`` meaning NxN."""
         m = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*", text)
         if not m:
-            raise BadTileGrid(
-                f"tile grid {text!r} is not COLSxROWS, for example 2x2", grid=text
-            )
+            raise BadTileGrid(f"tile grid {text!r} is not COLSxROWS, for example 2x2", grid=text)
         cols = int(m.group(1))
         rows = int(m.group(2)) if m.group(2) is not None else cols
         return cls.of(cols, rows)
@@ -124,7 +122,12 @@ def border_floats(rect: Rect, width: int, height: int) -> tuple[float, float, fl
     def edge(p: int, size: int) -> float:
         return min(1.0, (p + 0.5) / size)
 
-    return (edge(rect.x0, width), edge(rect.x1, width), edge(rect.y0, height), edge(rect.y1, height))
+    return (
+        edge(rect.x0, width),
+        edge(rect.x1, width),
+        edge(rect.y0, height),
+        edge(rect.y1, height),
+    )
 
 
 def crop_box(plan: TilePlan) -> tuple[int, int, int, int]:

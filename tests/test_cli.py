@@ -18,9 +18,18 @@ from tests.blendscenes import make_scene
 from tests.conftest import TESTDATA
 
 
-def farm(*args: str, cwd: Path, timeout_s: float = 180, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "farm", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout_s, env={**os.environ, **env}, check=False)
+def farm(
+    *args: str, cwd: Path, timeout_s: float = 180, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "farm", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **env},
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,14 +100,21 @@ def test_render_writes_frames_and_reports_json(tmp_path: Path, scene: Path) -> N
     result = json.loads(proc.stdout)
     assert result["job"]["state"] == "done"
     assert result["job"]["tiles_done"] == 4
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["frame_0001.exr",
-                                                                     "frame_0001.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "frame_0001.exr",
+        "frame_0001.png",
+    ]
 
 
 def test_ctrl_c_cancels_and_stops_every_process_it_started(tmp_path: Path) -> None:
     slow = make_scene(tmp_path / "slow.blend", width=160, height=90, samples=5000)
-    proc = subprocess.Popen([sys.executable, "-m", "farm", "render", str(slow), "--workers", "2"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "farm", "render", str(slow), "--workers", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     lines: list[str] = []
     queued = threading.Event()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import signal
 import subprocess
@@ -38,8 +39,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild
 
 
 def full_frame(child: BlenderChild, blend: Path, frame: int, out: Path) -> np.ndarray:
-    child.render(blend, frame=frame, width=67, height=41, rect=None, samples=None,
-                 out_path=out, timeout_s=120)
+    child.render(
+        blend,
+        frame=frame,
+        width=67,
+        height=41,
+        rect=None,
+        samples=None,
+        out_path=out,
+        timeout_s=120,
+    )
     return exr.read_rgba(out)
 
 
@@ -78,8 +87,9 @@ def test_3x3_uneven_tiles_on_one_worker_match_the_full_frame(
 
 def test_scripts_in_the_file_never_run_and_the_job_says_so(tmp_path: Path) -> None:
     canary_text, canary_driver = tmp_path / "text-ran", tmp_path / "driver-ran"
-    blend = make_scene(tmp_path / "hostile.blend", autorun_canary=canary_text,
-                       driver_canary=canary_driver)
+    blend = make_scene(
+        tmp_path / "hostile.blend", autorun_canary=canary_text, driver_canary=canary_driver
+    )
     req = submission.RenderRequest(output=tmp_path / "o", tiles="2x1", formats="png")
     outcome = embedded.render(settings_for(tmp_path), blend, req, 1, io.StringIO())
     assert outcome.job.state == "done"
@@ -90,10 +100,12 @@ def test_scripts_in_the_file_never_run_and_the_job_says_so(tmp_path: Path) -> No
 
 
 def test_textured_testdata_file_renders_with_its_pngs_beside_it(tmp_path: Path) -> None:
-    req = submission.RenderRequest(output=tmp_path / "o", tiles="2x2", resolution="64x48",
-                                   samples=4, frames="1", formats="exr")
-    outcome = embedded.render(settings_for(tmp_path), TESTDATA / "01_principled_material.blend",
-                              req, 1, io.StringIO())
+    req = submission.RenderRequest(
+        output=tmp_path / "o", tiles="2x2", resolution="64x48", samples=4, frames="1", formats="exr"
+    )
+    outcome = embedded.render(
+        settings_for(tmp_path), TESTDATA / "01_principled_material.blend", req, 1, io.StringIO()
+    )
     assert outcome.report.missing_files == []
     image = exr.read_rgba(tmp_path / "o" / "frame_0001.exr")
     assert image.shape == (48, 64, 4)
@@ -104,21 +116,24 @@ def test_textured_testdata_file_renders_with_its_pngs_beside_it(tmp_path: Path) 
 
 
 def test_testdata_animation_renders_frames_1_to_10_with_cycles(tmp_path: Path) -> None:
-    req = submission.RenderRequest(output=tmp_path / "o", tiles="2x1", resolution="48x32",
-                                   samples=2, formats="exr")
-    outcome = embedded.render(settings_for(tmp_path), TESTDATA / "12_anim_range_driver.blend",
-                              req, 2, io.StringIO())
+    req = submission.RenderRequest(
+        output=tmp_path / "o", tiles="2x1", resolution="48x32", samples=2, formats="exr"
+    )
+    outcome = embedded.render(
+        settings_for(tmp_path), TESTDATA / "12_anim_range_driver.blend", req, 2, io.StringIO()
+    )
     assert outcome.job.spec.frames == tuple(range(1, 11))
     assert any("renders it with Cycles" in w for w in outcome.warnings)
     frames = [exr.read_rgba(tmp_path / "o" / f"frame_{f:04d}.exr") for f in range(1, 11)]
-    assert all(not np.array_equal(a, b) for a, b in zip(frames, frames[1:], strict=False))
+    assert all(not np.array_equal(a, b) for a, b in itertools.pairwise(frames))
 
 
 def test_missing_texture_is_refused_naming_the_path(tmp_path: Path) -> None:
     req = submission.RenderRequest(output=tmp_path / "o")
     with pytest.raises(MissingFiles) as err:
-        embedded.render(settings_for(tmp_path), TESTDATA / "01_missing_textures.blend", req, 1,
-                        io.StringIO())
+        embedded.render(
+            settings_for(tmp_path), TESTDATA / "01_missing_textures.blend", req, 1, io.StringIO()
+        )
     assert "MissingTexture.png" in err.value.message
     assert not (tmp_path / "o").exists()
 
@@ -128,8 +143,9 @@ def test_missing_texture_is_refused_naming_the_path(tmp_path: Path) -> None:
 
 @pytest.fixture
 def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_scene(tmp_path_factory.mktemp("slow") / "slow.blend", width=160, height=90,
-                      samples=2000)
+    return make_scene(
+        tmp_path_factory.mktemp("slow") / "slow.blend", width=160, height=90, samples=2000
+    )
 
 
 def _descendants(pid: int) -> list[int]:
@@ -144,19 +160,30 @@ class WorkerProcess:
     """A real `farm worker` process against the test session's redis-server."""
 
     def __init__(self, redis_url: str, tmp: Path, **env: str) -> None:
-        self.env = {**os.environ, "FARM_REDIS_URL": redis_url,
-                    "FARM_STORAGE_DIR": str(tmp / "storage"), "FARM_WORK_DIR": str(tmp / "work"),
-                    **env}
+        self.env = {
+            **os.environ,
+            "FARM_REDIS_URL": redis_url,
+            "FARM_STORAGE_DIR": str(tmp / "storage"),
+            "FARM_WORK_DIR": str(tmp / "work"),
+            **env,
+        }
         self.settings = Settings.from_env(self.env)
         self.log = (tmp / "worker.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "farm", "worker", "--name", "w1"],
-                                     env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "farm", "worker", "--name", "w1"],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
     def blender_pid(self, timeout_s: float = 60) -> int:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            kids = [p for p in _descendants(self.proc.pid)
-                    if b"blender_child" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            kids = [
+                p
+                for p in _descendants(self.proc.pid)
+                if b"blender_child" in Path(f"/proc/{p}/cmdline").read_bytes()
+            ]
             if kids:
                 return kids[0]
             time.sleep(0.05)
@@ -168,7 +195,9 @@ class WorkerProcess:
         self.log.close()
 
 
-def _submit(w: WorkerProcess, blend: Path, tmp: Path, **kw: object) -> tuple[jobstore.JobStore, str]:
+def _submit(
+    w: WorkerProcess, blend: Path, tmp: Path, **kw: object
+) -> tuple[jobstore.JobStore, str]:
     settings = w.settings
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     rq_conn = queue.connect(settings.redis_url)
@@ -199,8 +228,16 @@ def test_a_blender_child_killed_mid_tile_fails_that_tile_and_the_worker_goes_on(
         _wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
         os.kill(w.blender_pid(), signal.SIGABRT)
         retried = []
-        _wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "queued"
-                  and e.message and not retried.append(e.message))
+        _wait_for(
+            store,
+            job_id,
+            lambda e: (
+                e.type == "tile_state"
+                and e.state == "queued"
+                and e.message
+                and not retried.append(e.message)
+            ),
+        )
         assert "SIGABRT" in retried[0]
         _wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 240)
         status = store.status(job_id)
@@ -215,8 +252,9 @@ def test_a_tile_past_its_time_limit_is_killed_and_exhausted_retries_fail_the_job
 ) -> None:
     w = WorkerProcess(redis_url, tmp_path, FARM_TILE_TIMEOUT_S="1", FARM_MAX_ATTEMPTS="2")
     try:
-        store, job_id = _submit(w, slow_scene, tmp_path, tiles="1x1", samples=20000,
-                                max_attempts=2, tile_timeout_s=1.0)
+        store, job_id = _submit(
+            w, slow_scene, tmp_path, tiles="1x1", samples=20000, max_attempts=2, tile_timeout_s=1.0
+        )
         _wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "failed", 120)
         status = store.status(job_id)
         assert status.tile_failures == 2
@@ -230,8 +268,14 @@ def test_a_failed_job_raises_with_the_reason_from_the_embedded_farm(
     slow_scene: Path, tmp_path: Path
 ) -> None:
     settings = settings_for(tmp_path).with_(tile_timeout_s=1.0)
-    req = submission.RenderRequest(output=tmp_path / "o", tiles="1x1", samples=20000,
-                                   max_attempts=1, tile_timeout_s=1.0, formats="exr")
+    req = submission.RenderRequest(
+        output=tmp_path / "o",
+        tiles="1x1",
+        samples=20000,
+        max_attempts=1,
+        tile_timeout_s=1.0,
+        formats="exr",
+    )
     with pytest.raises(JobFailed) as err:
         embedded.render(settings, slow_scene, req, 1, io.StringIO())
     assert "failed after 1 attempt(s)" in err.value.message

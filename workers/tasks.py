@@ -1,4 +1,4 @@
-"""The render worker's tasks, run by rq in the worker process: inspect, render a tile, assemble a frame."""
+"""The render worker's tasks, run by rq in the worker: inspect, render a tile, assemble a frame."""
 
 from __future__ import annotations
 
@@ -71,14 +71,15 @@ class WorkerContext:
         for job_id in self.store.active_job_ids():
             spec = self.spec(job_id)
             found = self.store.recover(job_id, spec.max_attempts)
-            lost = [
-                t
-                for t in self.store.queued_tasks(job_id)
-                if not self.queue.has_task(t.rq_id)
-            ]
+            lost = [t for t in self.store.queued_tasks(job_id) if not self.queue.has_task(t.rq_id)]
             for t in found.tiles:
-                log.warning("event=tile_requeued job=%s frame=%d tile=%d attempt=%d reason=worker_lost",
-                            job_id, t.frame, t.index, t.attempt)
+                log.warning(
+                    "event=tile_requeued job=%s frame=%d tile=%d attempt=%d reason=worker_lost",
+                    job_id,
+                    t.frame,
+                    t.index,
+                    t.attempt,
+                )
             self.queue.stage_tiles([*found.tiles, *lost], spec.tile_timeout_s)
             for frame in found.frames:
                 self.queue.enqueue_assembly(job_id, frame, spec.tile_timeout_s)
@@ -124,8 +125,14 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
     task = TileTask(job_id, frame, index, attempt)
     started = ctx.store.start_tile(task)
     if started != "ok":
-        log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
-                 job_id, frame, index, attempt, started)
+        log.info(
+            "event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
+            job_id,
+            frame,
+            index,
+            attempt,
+            started,
+        )
         return
     spec = ctx.spec(job_id)
     grid = TileGrid.parse(spec.tiles)
@@ -156,9 +163,16 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
     if result.get("autoexec_fail"):
         ctx.conn.hset(keys.job(job_id), "scripts_blocked", 1)
     outcome = ctx.store.finish_tile(task, grid.count)
-    log.info("event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f commit=%s",
-             job_id, frame, index, attempt, result.get("render_s", 0.0),
-             time.monotonic() - t0, outcome)
+    log.info(
+        "event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f commit=%s",
+        job_id,
+        frame,
+        index,
+        attempt,
+        result.get("render_s", 0.0),
+        time.monotonic() - t0,
+        outcome,
+    )
     if outcome == "frame_ready":
         ctx.queue.enqueue_assembly(job_id, frame, spec.tile_timeout_s)
 
@@ -170,8 +184,15 @@ def _whole(plan: TilePlan, spec: JobSpec) -> bool:
 
 def _tile_failed(ctx: WorkerContext, spec: JobSpec, task: TileTask, reason: str) -> None:
     outcome, next_attempt = ctx.store.fail_tile(task, reason, spec.max_attempts)
-    log.warning("event=tile_failed job=%s frame=%d tile=%d attempt=%d outcome=%s reason=%r",
-                task.job_id, task.frame, task.index, task.attempt, outcome, reason)
+    log.warning(
+        "event=tile_failed job=%s frame=%d tile=%d attempt=%d outcome=%s reason=%r",
+        task.job_id,
+        task.frame,
+        task.index,
+        task.attempt,
+        outcome,
+        reason,
+    )
     if outcome == "retry":
         retry = TileTask(task.job_id, task.frame, task.index, next_attempt)
         ctx.queue.stage_tiles([retry], spec.tile_timeout_s)
@@ -188,8 +209,12 @@ def _renewing(store: JobStore, task: TileTask) -> Iterator[None]:
                 if not store.touch_tile(task):
                     return
             except FarmError:
-                log.warning("event=renew_failed job=%s frame=%d tile=%d",
-                            task.job_id, task.frame, task.index)
+                log.warning(
+                    "event=renew_failed job=%s frame=%d tile=%d",
+                    task.job_id,
+                    task.frame,
+                    task.index,
+                )
 
     thread = threading.Thread(target=renew, name="tile-lease", daemon=True)
     thread.start()
@@ -212,7 +237,9 @@ def assemble_frame(job_id: str, frame: int) -> None:
     try:
         _assemble(ctx, spec, job_id, frame)
     except FarmError as exc:
-        ctx.store.end_job(job_id, JobState.FAILED, f"frame {frame} could not be assembled: {exc.message}")
+        ctx.store.end_job(
+            job_id, JobState.FAILED, f"frame {frame} could not be assembled: {exc.message}"
+        )
         return
     outcome = ctx.store.finish_frame(job_id, frame)
     if outcome == "ok":

@@ -44,7 +44,9 @@ def serve(settings: Settings, *, name: str | None = None, burst: bool = False) -
     tasks.install(ctx)
     # Start Blender before taking work, so the first tile does not pay for `import bpy`.
     child.start()
-    log.info("event=worker_ready worker=%s device=%s blender_pid=%s", name, settings.device, child.pid)
+    log.info(
+        "event=worker_ready worker=%s device=%s blender_pid=%s", name, settings.device, child.pid
+    )
     try:
         queue.run_worker(
             queue.connect(settings.redis_url),

@@ -82,7 +82,9 @@ def test_a_tile_commits_once_and_a_stale_attempt_never(store: JobStore, queue: R
     assert store.start_tile(TileTask(job_id, 1, 1, 7)) == "stale"
 
 
-def test_failures_retry_then_fail_the_job_with_a_reason(store: JobStore, queue: RenderQueue) -> None:
+def test_failures_retry_then_fail_the_job_with_a_reason(
+    store: JobStore, queue: RenderQueue
+) -> None:
     job_id = _new_job(store, queue, _spec(attempts=2))
     task = TileTask(job_id, 1, 0, 1)
     store.start_tile(task)
@@ -112,7 +114,9 @@ def test_a_requeue_that_is_not_a_failure_does_not_use_up_attempts(
     assert store.status(job_id).state == "running"
 
 
-def test_cancel_stops_new_tiles_and_refuses_late_commits(store: JobStore, queue: RenderQueue) -> None:
+def test_cancel_stops_new_tiles_and_refuses_late_commits(
+    store: JobStore, queue: RenderQueue
+) -> None:
     job_id = _new_job(store, queue)
     running = TileTask(job_id, 1, 0, 1)
     store.start_tile(running)
