@@ -1,0 +1,51 @@
+# Tessera's developer commands. `make demo` and `make test` work on a fresh Debian machine:
+# both run `setup` first (.ci/setup: Debian packages, Python 3.11, the venv, the package).
+
+VENV ?= .venv
+PYTHON ?= python3.11
+PYTEST_ARGS ?=
+
+PY := $(VENV)/bin/python
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+.PHONY: help setup demo test lint bench example clean
+
+help:
+	@echo "make demo     set up, then render the example scene through the embedded farm"
+	@echo "make test     set up, then ruff, mypy and the whole pytest suite"
+	@echo "make setup    install what is missing (Debian packages, venv, pip packages)"
+	@echo "make lint     ruff and mypy only"
+	@echo "make bench    run every bench/*.py"
+	@echo "make example  regenerate farm/examples/example.blend from make_example.py"
+	@echo "make clean    remove caches and render output (keeps the venv)"
+	@echo "variables: VENV=$(VENV) PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS)"
+
+setup:
+	@VENV='$(VENV)' PYTHON='$(PYTHON)' .ci/setup
+
+demo: setup
+	$(VENV)/bin/farm render farm/examples/example.blend --output render/example
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# pytest exits 5 when it collected no tests; that is a failure here too, with a reason.
+test: lint
+	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+	exit $$rc
+
+bench: setup
+	@shopt -s nullglob; for bench in bench/*.py; do \
+		echo "== $$bench"; $(PY) "$$bench"; \
+	done
+
+example: setup
+	$(PY) farm/examples/make_example.py farm/examples/example.blend
+
+clean:
+	rm -rf render/ out/ build/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ ./*.egg-info
+	find . \( -path ./.git -o -path ./.venv -o -path './$(VENV)' \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
