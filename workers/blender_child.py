@@ -1,0 +1,534 @@
+"""The program inside the Blender child process: the only module that imports bpy.
+
+Run as ``python -m workers.blender_child --cmd-fd N --reply-fd M [--device cpu|gpu]
+[--gpu-backend X] [--threads N]``. Requests and replies are length-prefixed JSON (4-byte
+big-endian length, then UTF-8) on the two pipe fds; Blender's own output goes to stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import glob
+import json
+import os
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from farm.tiling import Rect, border_floats
+from workers.exr import read_size
+
+# bpy is imported in main(), after the parent-death signal is armed.
+bpy: Any = None
+
+GPU_BACKENDS = ("OPTIX", "CUDA", "HIP", "ONEAPI", "METAL")
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = 9
+_IOLBF = 1
+
+
+class ChildError(Exception):
+    """An error reply: ``code`` is a farm.errors code the parent maps back to its class."""
+
+    def __init__(self, code: str, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fields = fields
+
+
+def log(event: str, **fields: Any) -> None:
+    """One key=value line on stderr (line-buffered), so the parent's log tail shows our steps."""
+    parts = " ".join(f"{k}={json.dumps(v)}" for k, v in fields.items())
+    print(f"tessera-child event={event} {parts}", file=sys.stderr, flush=True)
+
+
+# --- process set-up (before bpy) ---------------------------------------------------------------
+
+
+def _arm_parent_death_signal() -> None:
+    """Die with the parent: the kernel sends SIGKILL when the spawning thread exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+
+
+def _line_buffer_c_stdout() -> None:
+    """Blender prints through C stdio; line-buffer it so a crash's last lines reach the log."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        c_stdout = ctypes.c_void_p.in_dll(libc, "stdout")
+        libc.setvbuf(c_stdout, None, _IOLBF, 0)
+    except (OSError, ValueError):
+        pass
+
+
+# --- protocol ----------------------------------------------------------------------------------
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = os.read(fd, size - len(chunks))
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+def read_message(fd: int) -> dict[str, Any] | None:
+    """The next request, or None when the parent closed the pipe."""
+    head = _read_exact(fd, 4)
+    if head is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", head)[0])
+    if body is None:
+        return None
+    message: dict[str, Any] = json.loads(body.decode("utf-8"))
+    return message
+
+
+def write_message(fd: int, message: dict[str, Any]) -> None:
+    body = json.dumps(message).encode("utf-8")
+    data = struct.pack(">I", len(body)) + body
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# --- the open file -----------------------------------------------------------------------------
+
+
+class Session:
+    """The child's state: the device it renders on and the .blend it keeps open between tiles."""
+
+    def __init__(self, device: str, gpu_backend: str | None, threads: int) -> None:
+        self.device_kind = device
+        self.threads = threads
+        self.device_name: str | None = "CPU" if device == "cpu" else None
+        self.device_error: str | None = None
+        self.open_key: tuple[str, int, int] | None = None
+        self.report: dict[str, Any] | None = None
+        if device == "gpu":
+            try:
+                self.device_name = _setup_gpu(gpu_backend)
+            except ChildError as exc:
+                self.device_error = exc.message
+
+    # -- opening
+
+    def open(self, path: str) -> dict[str, Any]:
+        path = os.path.abspath(path)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise ChildError(
+                "bad_blend_file", f"cannot read {path}: {exc.strerror}", path=path
+            ) from None
+        key = (path, st.st_mtime_ns, st.st_size)
+        reused = key == self.open_key
+        if reused and self.report is not None:
+            # The kept file is only as good as a fresh load if its external files (libraries,
+            # textures) are still there, or still missing, as they were when it was loaded.
+            reused = _missing_files(self.report["libraries"]) == self.report["missing_files"]
+        if not reused:
+            self.open_key = None
+            self.report = None
+            t0 = time.perf_counter()
+            try:
+                bpy.ops.wm.open_mainfile(filepath=path, load_ui=False, use_scripts=False)
+            except RuntimeError as exc:
+                raise ChildError(
+                    "bad_blend_file",
+                    f"Blender cannot open {path}: {_blender_message(exc)}",
+                    path=path,
+                ) from None
+            log("opened", path=path, open_s=round(time.perf_counter() - t0, 3))
+            self.open_key = key
+            # Inspect now, before any render changes engine, resolution or denoising.
+            self.report = _inspect(path)
+        return {
+            "path": path,
+            "reused": reused,
+            "autoexec_fail": bool(bpy.app.autoexec_fail),
+            "autoexec_fail_message": bpy.app.autoexec_fail_message or "",
+        }
+
+    def inspect(self, path: str) -> dict[str, Any]:
+        self.open(path)
+        assert self.report is not None
+        return self.report
+
+    # -- rendering
+
+    def render(self, req: dict[str, Any]) -> dict[str, Any]:
+        if self.device_error is not None:
+            raise ChildError("device_unavailable", self.device_error)
+        opened = self.open(req["path"])
+        scene = bpy.context.scene
+        width, height = int(req["width"]), int(req["height"])
+        out_path = Path(req["out_path"]).absolute()
+        _prepare_scene(scene, width, height, req.get("samples"), req.get("rect"))
+        if self.device_kind == "gpu":
+            scene.cycles.device = "GPU"
+        else:
+            scene.cycles.device = "CPU"
+        if self.threads > 0:
+            scene.render.threads_mode = "FIXED"
+            scene.render.threads = self.threads
+        else:
+            scene.render.threads_mode = "AUTO"
+        scene.frame_set(int(req["frame"]))
+        # after frame_set: timeline markers may switch the camera per frame
+        if scene.camera is None:
+            raise ChildError(
+                "no_camera", f"scene {scene.name!r} of {Path(req['path']).name} has no camera"
+            )
+
+        settings = scene.render.image_settings
+        settings.media_type = "IMAGE"  # Blender 5: files saved with video output refuse file_format
+        settings.file_format = "OPEN_EXR"
+        settings.color_mode = "RGBA"
+        settings.color_depth = "32"
+        settings.exr_codec = "ZIP"
+        tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex}.tmp.exr")
+        scene.render.filepath = str(tmp)
+        scene.render.use_file_extension = False
+        log("render", frame=req["frame"], rect=req.get("rect"), out=str(out_path))
+        # With persistent data Cycles re-reads its settings only when the scene is tagged, and
+        # setting add-on properties (scene.cycles.samples, device) alone does not tag it:
+        # measured with bpy 5.0.1, a samples change was otherwise silently ignored.
+        scene.update_tag()
+        t0 = time.perf_counter()
+        try:
+            bpy.ops.render.render(write_still=True, scene=scene.name)
+            render_s = time.perf_counter() - t0
+            if not tmp.is_file():
+                raise ChildError("render_failed", f"Blender wrote no image for {out_path.name}")
+            os.replace(tmp, out_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        # The Render Result image reports 0x0 until its pixels are read: ask the file.
+        width_px, height_px = read_size(out_path)
+        return {
+            "out_path": str(out_path),
+            "width": width_px,
+            "height": height_px,
+            "render_s": round(render_s, 4),
+            "autoexec_fail": opened["autoexec_fail"],
+            "device": self.device_name,
+        }
+
+    # -- converting to delivery formats
+
+    def convert(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.open(req["path"])
+        scene = bpy.context.scene
+        settings = scene.render.image_settings
+        saved = _image_settings(settings)
+        image = bpy.data.images.load(str(Path(req["exr_in"]).absolute()), check_existing=False)
+        written = []
+        try:
+            for out in req["outputs"]:
+                fmt = str(out["format"]).upper()
+                target = Path(out["path"]).absolute()
+                ext = {"PNG": ".png", "JPEG": ".jpg", "OPEN_EXR": ".exr"}.get(fmt, ".img")
+                tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp{ext}")
+                settings.media_type = "IMAGE"
+                try:
+                    settings.file_format = fmt
+                    settings.color_mode = "RGB" if fmt == "JPEG" else "RGBA"
+                    if "color_depth" in out and fmt != "JPEG":
+                        settings.color_depth = str(out["color_depth"])
+                    if "quality" in out:
+                        settings.quality = int(out["quality"])
+                    if fmt == "OPEN_EXR":
+                        settings.exr_codec = "ZIP"
+                except TypeError as exc:
+                    raise ChildError(
+                        "bad_parameter", f"output {target.name}: {exc}", path=str(target)
+                    ) from None
+                try:
+                    # save_render applies the scene's view transform, look, exposure and
+                    # display (or the output's override), as a final render's file gets.
+                    image.save_render(str(tmp), scene=scene)
+                    os.replace(tmp, target)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                written.append(str(target))
+        finally:
+            bpy.data.images.remove(image)
+            _restore_image_settings(settings, saved)
+        return {"outputs": written}
+
+
+def _blender_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(line.removeprefix("Error: ") for line in lines) or type(exc).__name__
+
+
+def _prepare_scene(
+    scene: Any, width: int, height: int, samples: int | None, rect: list[int] | None
+) -> None:
+    render = scene.render
+    render.engine = "CYCLES"
+    render.use_persistent_data = True
+    # Denoising per tile makes every pixel differ and seams show; the frame is denoised once.
+    scene.cycles.use_denoising = False
+    render.resolution_x = width
+    render.resolution_y = height
+    render.resolution_percentage = 100
+    if samples is not None:
+        scene.cycles.samples = int(samples)
+    # The raw render result: compositing, sequencer and burnt-in stamps would act per tile.
+    render.use_compositing = False
+    render.use_sequencer = False
+    render.use_stamp = False
+    if rect is None:
+        render.use_border = False
+        render.use_crop_to_border = False
+    else:
+        x0, y0, x1, y1 = (int(v) for v in rect)
+        if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+            raise ChildError(
+                "bad_parameter", f"tile {rect} is not inside the {width}x{height} frame"
+            )
+        min_x, max_x, min_y, max_y = border_floats(Rect(x0, y0, x1, y1), width, height)
+        render.use_border = True
+        render.use_crop_to_border = True
+        render.border_min_x, render.border_max_x = min_x, max_x
+        render.border_min_y, render.border_max_y = min_y, max_y
+
+
+def _image_settings(settings: Any) -> dict[str, Any]:
+    names = ("media_type", "file_format", "color_mode", "color_depth", "quality", "exr_codec")
+    return {name: getattr(settings, name) for name in names if hasattr(settings, name)}
+
+
+def _restore_image_settings(settings: Any, saved: dict[str, Any]) -> None:
+    # Order matters: the format decides which colour modes and depths are valid.
+    for name, value in saved.items():
+        with contextlib.suppress(TypeError, AttributeError, ValueError):
+            setattr(settings, name, value)
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+
+def _setup_gpu(backend: str | None) -> str:
+    """Select ``backend`` (or the first that has a device) and enable its GPUs, or raise."""
+    prefs = bpy.context.preferences.addons["cycles"].preferences
+    wanted = [backend.upper()] if backend else list(GPU_BACKENDS)
+    found: list[str] = []
+    for name in wanted:
+        try:
+            prefs.compute_device_type = name
+        except TypeError:
+            found.append(f"{name}: not supported by this Blender build")
+            continue
+        prefs.refresh_devices()
+        devices = prefs.get_devices_for_type(name)
+        gpus = [d for d in devices if d.type == name]
+        if not gpus:
+            found.append(f"{name}: no devices")
+            continue
+        for device in devices:
+            # Never mix CPU into GPU tiles: sampling features differ between devices.
+            device.use = device.type == name
+        log("gpu", backend=name, devices=[d.name for d in gpus])
+        return name
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise ChildError(
+        "device_unavailable",
+        f"no GPU for Cycles ({'; '.join(found)})"
+        + (f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
+        backends=found,
+    )
+
+
+# --- inspection --------------------------------------------------------------------------------
+
+
+def _ids() -> Iterator[Any]:
+    """Every datablock of the open file, with the node trees embedded in them."""
+    for attr in dir(bpy.data):
+        collection = getattr(bpy.data, attr, None)
+        if not isinstance(collection, bpy.types.bpy_prop_collection):
+            continue
+        for item in collection:
+            if not isinstance(item, bpy.types.ID):
+                break
+            yield item
+            tree = getattr(item, "node_tree", None)
+            if isinstance(tree, bpy.types.ID):
+                yield tree
+
+
+def _drivers() -> Iterator[tuple[str, Any]]:
+    seen: set[int] = set()
+    for item in _ids():
+        if item.as_pointer() in seen:
+            continue
+        seen.add(item.as_pointer())
+        anim = getattr(item, "animation_data", None)
+        if anim is None:
+            continue
+        for fcurve in anim.drivers:
+            owner = item.name if not item.is_embedded_data else f"{item.name} (embedded)"
+            yield f"{owner} {fcurve.data_path}[{fcurve.array_index}]", fcurve.driver
+
+
+def _packed_or_generated_paths() -> set[str]:
+    skip: set[str] = set()
+    for collection in (bpy.data.images, bpy.data.sounds, bpy.data.fonts, bpy.data.volumes):
+        for item in collection:
+            packed = getattr(item, "packed_file", None) is not None or bool(
+                getattr(item, "packed_files", None)
+            )
+            generated = getattr(item, "source", "") in {"GENERATED", "VIEWER"}
+            if packed or generated:
+                skip.add(os.path.normpath(bpy.path.abspath(item.filepath, library=item.library)))
+    return skip
+
+
+def _exists(path: str) -> bool:
+    if "<UDIM>" in path or "<UVTILE>" in path:
+        pattern = path.replace("<UDIM>", "[0-9]" * 4).replace("<UVTILE>", "u*_v*")
+        folder, name = os.path.split(pattern)
+        return bool(glob.glob(os.path.join(glob.escape(folder), name)))
+    return os.path.exists(path)
+
+
+def _missing_files(libraries: list[str]) -> list[str]:
+    skip = _packed_or_generated_paths()
+    missing = set()
+    for raw in [*bpy.utils.blend_paths(absolute=True, packed=False, local=False), *libraries]:
+        if not raw or raw.startswith("<"):  # "<builtin>" font
+            continue
+        path = os.path.normpath(raw)
+        if path not in skip and not _exists(path):
+            missing.add(path)
+    return sorted(missing)
+
+
+def _inspect(path: str) -> dict[str, Any]:
+    scene = bpy.context.scene
+    render = scene.render
+    cycles = getattr(scene, "cycles", None)
+    libraries = [
+        os.path.normpath(bpy.path.abspath(lib.filepath, library=lib.parent))
+        for lib in bpy.data.libraries
+    ]
+    scripts = [
+        f"text {t.name!r} is registered to run on load" for t in bpy.data.texts if t.use_module
+    ]
+    for where, driver in _drivers():
+        if driver.type == "SCRIPTED" and not driver.is_simple_expression:
+            scripts.append(f"driver on {where}: {driver.expression}")
+    autoexec_fail = bool(bpy.app.autoexec_fail)
+    version = bpy.data.version
+    return {
+        "path": path,
+        "version": f"{version[0]}.{version[1]}",
+        "scene": scene.name,
+        "engine": render.engine,
+        "frame_start": scene.frame_start,
+        "frame_end": scene.frame_end,
+        "frame_step": scene.frame_step,
+        "fps": render.fps / render.fps_base,
+        # Blender's own integer maths for the output size
+        "width": render.resolution_x * render.resolution_percentage // 100,
+        "height": render.resolution_y * render.resolution_percentage // 100,
+        "samples": int(cycles.samples) if cycles is not None else None,
+        "adaptive_sampling": bool(cycles.use_adaptive_sampling) if cycles is not None else False,
+        "denoising": bool(cycles.use_denoising) if cycles is not None else False,
+        "cameras": sorted(o.name for o in scene.objects if o.type == "CAMERA"),
+        "camera": scene.camera.name if scene.camera is not None else None,
+        "missing_files": _missing_files(libraries),
+        "libraries": libraries,
+        "autoexec_fail": autoexec_fail,
+        "autoexec_fail_message": bpy.app.autoexec_fail_message or "",
+        "wants_scripts": autoexec_fail or bool(scripts),
+        "scripts": scripts,
+    }
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+
+def serve(session: Session, cmd_fd: int, reply_fd: int) -> int:
+    ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+        "ping": lambda req: {
+            "pid": os.getpid(),
+            "blender": bpy.app.version_string,
+            "device": session.device_name,
+            "device_error": session.device_error,
+        },
+        "open": lambda req: session.open(req["path"]),
+        "inspect": lambda req: session.inspect(req["path"]),
+        "render": session.render,
+        "convert": session.convert,
+    }
+    while True:
+        req = read_message(cmd_fd)
+        if req is None:
+            return 0
+        op = req.get("op")
+        if op == "quit":
+            write_message(reply_fd, {"ok": True, "result": {}})
+            return 0
+        try:
+            if op not in ops:
+                raise ChildError("bad_parameter", f"unknown operation {op!r}")
+            reply: dict[str, Any] = {"ok": True, "result": ops[op](req)}
+        except ChildError as exc:
+            reply = {"ok": False, "error": exc.code, "message": exc.message, "fields": exc.fields}
+        except Exception as exc:  # the child keeps serving whatever one request did
+            log("op_failed", op=op, error=repr(exc))
+            reply = {
+                "ok": False,
+                "error": "render_failed",
+                "message": f"{op} failed: {_blender_message(exc)}",
+                "fields": {"exception": type(exc).__name__},
+            }
+        write_message(reply_fd, reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workers.blender_child")
+    parser.add_argument("--cmd-fd", type=int, required=True)
+    parser.add_argument("--reply-fd", type=int, required=True)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--gpu-backend", default=None)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    _arm_parent_death_signal()
+    _line_buffer_c_stdout()
+    # Anything Blender spawns must not hold our protocol pipes open after we die.
+    os.set_inheritable(args.cmd_fd, False)
+    os.set_inheritable(args.reply_fd, False)
+
+    global bpy
+    t0 = time.perf_counter()
+    import bpy as bpy_module
+
+    bpy = bpy_module
+    bpy.context.preferences.filepaths.use_scripts_auto_execute = False
+    log("started", pid=os.getpid(), import_s=round(time.perf_counter() - t0, 3))
+    session = Session(args.device, args.gpu_backend, args.threads)
+    return serve(session, args.cmd_fd, args.reply_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

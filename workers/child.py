@@ -1,0 +1,363 @@
+"""The render worker's handle on its long-lived Blender child process (spawn, talk, time out, kill).
+
+The child (workers/blender_child.py) keeps the opened .blend between tiles. This side never
+imports bpy: it speaks length-prefixed JSON over two pipes and turns the child's deaths,
+timeouts and error replies into farm.errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import select
+import signal
+import struct
+import subprocess
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from farm.errors import (
+    BadBlendFile,
+    BadParameter,
+    BlenderCrashed,
+    DeviceUnavailable,
+    FarmError,
+    NoCamera,
+    RenderError,
+    TileTimeout,
+)
+from farm.tiling import Rect
+
+#: time allowed for a fresh child to import bpy and answer its first ping
+START_TIMEOUT_S = 120.0
+#: lines of the child's log quoted in a crash report
+LOG_TAIL_LINES = 20
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+_ERRORS: dict[str, type[FarmError]] = {
+    "bad_blend_file": BadBlendFile,
+    "device_unavailable": DeviceUnavailable,
+    "bad_parameter": BadParameter,
+    "no_camera": NoCamera,
+}
+
+
+class BlenderChild:
+    """One Blender child process; requests start it lazily, so a crash costs one request.
+
+    Not thread-safe: one request at a time. The child arms PR_SET_PDEATHSIG, which Linux fires
+    when the *thread* that spawned it exits; start it from a long-lived thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        python: str,
+        work_dir: Path,
+        device: str = "cpu",
+        gpu_index: int | None = None,
+        gpu_backend: str | None = None,
+        threads: int = 0,
+        name: str = "blender",
+    ) -> None:
+        self.python = python
+        self.work_dir = Path(work_dir)
+        self.device = device
+        self.gpu_index = gpu_index
+        self.gpu_backend = gpu_backend
+        self.threads = threads
+        self.name = name
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cmd_fd: int | None = None
+        self._reply_fd: int | None = None
+        self._log_path: Path | None = None
+        self.blender_version: str | None = None
+        #: the backend the child renders on ("CPU", "OPTIX", ...), None when no GPU was found
+        self.device_name: str | None = None
+        #: why the asked-for device is unusable; renders then raise DeviceUnavailable
+        self.device_error: str | None = None
+        #: seconds the last start took, from spawn to the first ping reply
+        self.start_s: float | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_path(self) -> Path | None:
+        """The current (or last) child's log: Blender's stdout and stderr."""
+        return self._log_path
+
+    def start(self) -> None:
+        """Spawn the child (if it is not running) and wait for its first ping reply."""
+        if self.alive:
+            return
+        self._cleanup()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        cmd_r, cmd_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        argv = [
+            self.python, "-m", "workers.blender_child",
+            "--cmd-fd", str(cmd_r), "--reply-fd", str(reply_w),
+            "--device", self.device, "--threads", str(self.threads),
+        ]  # fmt: skip
+        if self.gpu_backend:
+            argv += ["--gpu-backend", self.gpu_backend]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        if self.gpu_index is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        # The pid names the log, but is known only after the spawn: start under a temp name.
+        pending_log = self.work_dir / f"{self.name}-starting-{os.getpid()}-{id(self)}.log"
+        t0 = time.monotonic()
+        try:
+            with open(pending_log, "ab") as log:
+                self._proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(cmd_r, reply_w),
+                    cwd=self.work_dir,
+                    env=env,
+                )
+        finally:
+            os.close(cmd_r)
+            os.close(reply_w)
+        self._cmd_fd, self._reply_fd = cmd_w, reply_r
+        self._log_path = self.work_dir / f"{self.name}-{self._proc.pid}.log"
+        os.replace(pending_log, self._log_path)
+        result = self._call({"op": "ping"}, START_TIMEOUT_S, "starting", start=False)
+        self.start_s = time.monotonic() - t0
+        self.blender_version = result.get("blender")
+        self.device_name = result.get("device")
+        self.device_error = result.get("device_error")
+
+    def stop(self, timeout_s: float = 5) -> None:
+        """Ask the child to quit; SIGKILL it if it has not exited within ``timeout_s``."""
+        if self.alive and self._cmd_fd is not None:
+            try:
+                self._send({"op": "quit"})
+                assert self._proc is not None
+                self._proc.wait(timeout=timeout_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the child and reap it; safe to call at any time."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            self._proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        for fd in (self._cmd_fd, self._reply_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._cmd_fd = self._reply_fd = None
+
+    def __enter__(self) -> BlenderChild:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- operations ----------------------------------------------------------------------------
+
+    def ping(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        return self._call({"op": "ping"}, timeout_s, "answering a ping")
+
+    def open(self, path: Path, timeout_s: float) -> dict[str, Any]:
+        """Open ``path`` in the child (kept open for later requests); says whether it was reused."""
+        return self._call({"op": "open", "path": str(path)}, timeout_s, f"opening {path}")
+
+    def inspect(self, path: Path, timeout_s: float) -> dict[str, Any]:
+        """The inspection report of ``path``: frames, size, samples, cameras, missing files..."""
+        return self._call({"op": "inspect", "path": str(path)}, timeout_s, f"inspecting {path}")
+
+    def render(
+        self,
+        path: Path,
+        *,
+        frame: int,
+        width: int,
+        height: int,
+        rect: Rect | None,
+        samples: int | None,
+        out_path: Path,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """Render ``rect`` of ``frame`` (the whole frame when None) to a 32-bit float RGBA EXR."""
+        where = f"tile x {rect.x0}-{rect.x1}, y {rect.y0}-{rect.y1}" if rect is not None else "full"
+        request = {
+            "op": "render",
+            "path": str(path),
+            "frame": frame,
+            "width": width,
+            "height": height,
+            "rect": [rect.x0, rect.y0, rect.x1, rect.y1] if rect is not None else None,
+            "samples": samples,
+            "out_path": str(out_path),
+        }
+        return self._call(
+            request,
+            timeout_s,
+            f"rendering frame {frame} ({where}) of {Path(path).name}",
+            frame=frame,
+            rect=request["rect"],
+        )
+
+    def convert(
+        self,
+        path: Path,
+        exr_in: Path,
+        outputs: Sequence[dict[str, Any]],
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """Write ``exr_in`` (a linear frame) as each output, with the scene's colour management.
+
+        Each output is ``{"path", "format": "PNG"|"JPEG"|"OPEN_EXR", "color_depth", "quality"}``.
+        """
+        request = {
+            "op": "convert",
+            "path": str(path),
+            "exr_in": str(exr_in),
+            "outputs": [{**o, "path": str(o["path"])} for o in outputs],
+        }
+        return self._call(request, timeout_s, f"converting {Path(exr_in).name}")
+
+    # --- protocol ------------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._cmd_fd is not None
+        body = json.dumps(message).encode("utf-8")
+        view = memoryview(struct.pack(">I", len(body)) + body)
+        while view:
+            view = view[os.write(self._cmd_fd, view) :]
+
+    def _call(
+        self,
+        message: dict[str, Any],
+        timeout_s: float,
+        doing: str,
+        *,
+        start: bool = True,
+        **context: Any,
+    ) -> dict[str, Any]:
+        if start:
+            self.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._send(message)
+        except BrokenPipeError:
+            raise self._crashed(doing, context) from None
+        reply = self._receive(deadline, timeout_s, doing, context)
+        if reply.get("ok"):
+            result: dict[str, Any] = reply.get("result", {})
+            return result
+        code = str(reply.get("error", "render_failed"))
+        fields = dict(reply.get("fields") or {})
+        error_class = _ERRORS.get(code, RenderError)
+        if error_class is RenderError and code != RenderError.code:
+            fields.setdefault("child_error", code)
+        raise error_class(str(reply.get("message", f"{doing} failed")), **context, **fields)
+
+    def _receive(
+        self, deadline: float, timeout_s: float, doing: str, context: dict[str, Any]
+    ) -> dict[str, Any]:
+        assert self._reply_fd is not None
+        poller = select.poll()
+        poller.register(self._reply_fd, select.POLLIN)
+        data = bytearray()
+        need = 4
+        have_length = False
+        while len(data) < need:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                pid = self.pid
+                self.kill()
+                raise TileTimeout(
+                    f"Blender took longer than the {timeout_s:g} s limit {doing}; "
+                    "the Blender child was killed",
+                    timeout_s=timeout_s,
+                    pid=pid,
+                    **context,
+                )
+            if not poller.poll(math.ceil(left_s * 1000)):
+                continue
+            chunk = os.read(self._reply_fd, 1 << 16)
+            if not chunk:
+                raise self._crashed(doing, context)
+            data += chunk
+            if not have_length and len(data) >= 4:
+                need = 4 + struct.unpack(">I", bytes(data[:4]))[0]
+                have_length = True
+        reply: dict[str, Any] = json.loads(bytes(data[4:need]).decode("utf-8"))
+        return reply
+
+    def _crashed(self, doing: str, context: dict[str, Any]) -> BlenderCrashed:
+        """Reap the dead child and describe its death (signal or exit code, last log lines)."""
+        assert self._proc is not None
+        pid = self._proc.pid
+        try:
+            # EOF on the reply pipe comes as the child exits; give the exit a moment to land.
+            status = self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            status = self._proc.wait()
+        self._cleanup()
+        tail = self._log_tail()
+        if status < 0:
+            sig_name = signal.Signals(-status).name
+            how = f"Blender exited with {sig_name} (signal {-status})"
+            exit_code: int | None = None
+        else:
+            sig_name = None
+            how = f"Blender exited with status {status}"
+            exit_code = status
+        shown = " | ".join(line for line in tail[-5:] if line.strip()) or "(empty log)"
+        return BlenderCrashed(
+            f"{how} while {doing}; last log lines: {shown}",
+            exit_code=exit_code,
+            signal=sig_name,
+            pid=pid,
+            log_path=str(self._log_path),
+            log_tail=tail,
+            **context,
+        )
+
+    def _log_tail(self) -> list[str]:
+        if self._log_path is None:
+            return []
+        try:
+            with open(self._log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 64 * 1024))
+                text = log.read().decode("utf-8", "replace")
+        except OSError:
+            return []
+        return list(deque(text.splitlines(), maxlen=LOG_TAIL_LINES))

@@ -1,0 +1,80 @@
+"""Reading and writing RGBA OpenEXR images (tiles and frames) through the OpenEXR bindings."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import OpenEXR
+
+from farm.errors import BadParameter, RenderError
+
+#: lossless codecs only: tiles must stitch bit for bit
+COMPRESSIONS = {
+    "none": OpenEXR.NO_COMPRESSION,
+    "rle": OpenEXR.RLE_COMPRESSION,
+    "zips": OpenEXR.ZIPS_COMPRESSION,
+    "zip": OpenEXR.ZIP_COMPRESSION,
+    "piz": OpenEXR.PIZ_COMPRESSION,
+}
+
+
+def _channel(channels: dict[str, Any], name: str) -> npt.NDArray[Any] | None:
+    """The channel called ``name``, or the one whose last dotted part is ``name`` (a layer's)."""
+    if name in channels:
+        return np.asarray(channels[name].pixels)
+    matches = [key for key in channels if key.rsplit(".", 1)[-1] == name]
+    return np.asarray(channels[matches[0]].pixels) if len(matches) == 1 else None
+
+
+def read_rgba(path: Path) -> npt.NDArray[np.float32]:
+    """Read an EXR as float32 (H, W, 4); row 0 is the top row as stored. Alpha is 1 if absent."""
+    try:
+        with OpenEXR.File(str(path), separate_channels=True) as exr:
+            channels = exr.channels()
+            planes = [_channel(channels, name) for name in "RGBA"]
+    except Exception as exc:  # the bindings raise bare RuntimeError/OSError for any bad file
+        raise RenderError(f"cannot read EXR image {path}: {exc}", path=str(path)) from exc
+    red, green, blue, alpha = planes
+    if red is None or green is None or blue is None:
+        raise RenderError(
+            f"EXR image {path} has no R, G, B channels (it has {', '.join(sorted(channels))})",
+            path=str(path),
+        )
+    if alpha is None:
+        alpha = np.ones(red.shape, np.float32)
+    return np.stack([p.astype(np.float32, copy=False) for p in (red, green, blue, alpha)], axis=-1)
+
+
+def read_size(path: Path) -> tuple[int, int]:
+    """(width, height) of an EXR's data window, from its header alone."""
+    try:
+        with OpenEXR.File(str(path), header_only=True) as exr:
+            low, high = exr.header()["dataWindow"]
+    except Exception as exc:
+        raise RenderError(f"cannot read EXR image {path}: {exc}", path=str(path)) from exc
+    return int(high[0] - low[0] + 1), int(high[1] - low[1] + 1)
+
+
+def write_rgba(path: Path, array: npt.NDArray[Any], compression: str = "zip") -> None:
+    """Write float32 (H, W, 4) ``array`` (row 0 = top) to ``path`` atomically (temp, rename)."""
+    if compression not in COMPRESSIONS:
+        raise BadParameter(
+            f"EXR compression {compression!r} is not one of {', '.join(COMPRESSIONS)}"
+        )
+    if array.ndim != 3 or array.shape[2] != 4:
+        raise BadParameter(f"an RGBA image must have shape (H, W, 4), not {array.shape}")
+    pixels = np.ascontiguousarray(array, dtype=np.float32)
+    header = {"compression": COMPRESSIONS[compression], "type": OpenEXR.scanlineimage}
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with OpenEXR.File(header, {"RGBA": pixels}) as exr:
+            exr.write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
