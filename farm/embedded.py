@@ -19,7 +19,7 @@ from typing import TextIO
 
 from farm import jobstore, lifetime, queue, submission
 from farm.blendfile import check_blend
-from farm.errors import FarmError, JobCanceled, JobFailed, QueueError
+from farm.errors import FarmError, JobCanceled, JobFailed, QueueError, SetupError
 from farm.models import BlendSource, InspectionReport, JobStatus
 from farm.progress import ProgressBar
 from farm.redisserver import RedisServer
@@ -31,6 +31,8 @@ log = logging.getLogger("tessera.embedded")
 
 #: seconds between checks that the local workers are still alive
 WORKER_CHECK_S = 1.0
+#: a worker that exits sooner than this after its start is broken, not unlucky
+STARTUP_S = 30.0
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -69,6 +71,7 @@ class LocalWorkers:
         self.count = count
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.spawned_at: dict[str, float] = {}
         self.restarts = 0
 
     def start(self) -> None:
@@ -76,6 +79,7 @@ class LocalWorkers:
             self._spawn(f"local-{self.settings.device}-{i}")
 
     def _spawn(self, name: str) -> None:
+        self.spawned_at[name] = time.monotonic()
         env = {**os.environ, **settings_env(self.settings)}
         with (self.log_dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(
@@ -90,13 +94,27 @@ class LocalWorkers:
             )
 
     def check(self, note: Callable[[str], None]) -> None:
-        """Restart any worker that died; its tile is requeued by the recovery sweep."""
+        """Restart any worker that died; its tile is requeued by the recovery sweep.
+
+        A worker that dies within ``STARTUP_S`` of being started cannot work here (no GPU, a
+        broken install): restarting it would loop, so the farm stops with the worker's reason.
+        """
         for name, proc in list(self.procs.items()):
             code = proc.poll()
-            if code is not None:
-                note(f"worker {name} exited with status {code}; starting it again")
-                self.restarts += 1
-                self._spawn(name)
+            if code is None:
+                continue
+            if time.monotonic() - self.spawned_at[name] < STARTUP_S:
+                raise SetupError(
+                    f"worker {name} could not start (exit status {code}): {self.last_error(name)}"
+                )
+            note(f"worker {name} exited with status {code}; starting it again")
+            self.restarts += 1
+            self._spawn(name)
+
+    def last_error(self, name: str) -> str:
+        lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        errors = [line.removeprefix("farm: error: ") for line in lines if "error" in line]
+        return (errors or lines or ["no output"])[-1]
 
     def log_tail(self, lines: int = 15) -> str:
         out = []
@@ -193,7 +211,13 @@ def _run(
     rq_conn = queue.connect(settings.redis_url)
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     render_queue = queue.RenderQueue(rq_conn, settings.device)
-    report = submission.inspect(store.conn, render_queue, source, settings.inspect_timeout_s + 60)
+    report = submission.inspect(
+        store.conn,
+        render_queue,
+        source,
+        settings.inspect_timeout_s + STARTUP_S,
+        on_wait=lambda: pool.check(lambda line: print(line, file=stream)),
+    )
     spec, warnings = submission.plan_job(req, report, source)
     job_id = submission.submit(
         rq_conn, store, render_queue, spec, warnings, scripts_blocked=report.autoexec_fail

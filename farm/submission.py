@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,15 +146,27 @@ def plan_job(
 
 
 def inspect(
-    conn: redis.Redis, queue: RenderQueue, source: BlendSource, timeout_s: float
+    conn: redis.Redis,
+    queue: RenderQueue,
+    source: BlendSource,
+    timeout_s: float,
+    on_wait: Callable[[], None] | None = None,
 ) -> InspectionReport:
-    """Ask a worker of ``queue`` to inspect the file; waits at most ``timeout_s`` for its answer."""
+    """Ask a worker of ``queue`` to inspect the file; waits at most ``timeout_s`` for its answer.
+
+    ``on_wait`` runs about once a second while waiting (the embedded farm checks its workers).
+    """
     reply_key = keys.reply(uuid.uuid4().hex)
     queue.enqueue_inspection(source, reply_key, timeout_s)
-    try:
-        popped = conn.blpop([reply_key], timeout=timeout_s)
-    except redis.ConnectionError as exc:
-        raise QueueError(f"cannot reach Redis: {exc}") from exc
+    deadline = time.monotonic() + timeout_s
+    popped = None
+    while popped is None and time.monotonic() < deadline:
+        try:
+            popped = conn.blpop([reply_key], timeout=1)
+        except redis.ConnectionError as exc:
+            raise QueueError(f"cannot reach Redis: {exc}") from exc
+        if popped is None and on_wait is not None:
+            on_wait()
     if popped is None:
         raise QueueError(
             f"no {queue.device_class} worker answered within {timeout_s:.0f} s; "

@@ -175,3 +175,12 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return "gone"
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has an NVIDIA GPU")
+def test_gpu_render_without_a_gpu_says_why_and_does_not_loop(tmp_path: Path, scene: Path) -> None:
+    started = time.monotonic()
+    proc = farm("render", str(scene), "--device", "gpu", cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr
+    assert "no GPU for Cycles" in proc.stderr
+    assert time.monotonic() - started < 60

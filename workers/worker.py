@@ -7,6 +7,7 @@ import os
 import socket
 
 from farm import jobstore, queue
+from farm.errors import DeviceUnavailable
 from farm.settings import Settings
 from farm.storage import LocalStorage
 from workers import tasks
@@ -44,6 +45,12 @@ def serve(settings: Settings, *, name: str | None = None, burst: bool = False) -
     tasks.install(ctx)
     # Start Blender before taking work, so the first tile does not pay for `import bpy`.
     child.start()
+    if child.device_error:
+        # A GPU worker without its GPU must not take tiles: it would fail every one of them.
+        child.stop()
+        raise DeviceUnavailable(
+            f"worker {name} cannot render on {settings.device}: {child.device_error}"
+        )
     log.info(
         "event=worker_ready worker=%s device=%s blender_pid=%s", name, settings.device, child.pid
     )
