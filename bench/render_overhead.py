@@ -5,8 +5,11 @@
     Blender child, stitching;
 (c) what most farms do: a fresh Blender process per tile, then the same stitching.
 
-Prints wall times, the ratios b/a and c/a, and the per-tile overhead of (b) in ms, as medians
-and spreads over --runs repetitions, then one JSON line with every figure.
+Prints wall times, the ratios b/a and c/a, and the per-tile overhead of (b) in ms two ways:
+all-in, (b - a) / tiles, which spreads the farm's fixed start-up (redis-server, worker, Blender
+child, inspection) over the tiles; and marginal, (b - b1) / (tiles - frames), where b1 is the
+same farm job with 1x1 tiles in the same run, which is what one more tile costs. Medians and
+spreads over --runs repetitions, then one JSON line with every figure.
 
     python bench/render_overhead.py [--scene farm/examples/example.blend] [--frames 1-4] [--runs 3]
 """
@@ -139,21 +142,23 @@ def spread(values: list[float]) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scene", type=Path, default=REPO / "farm" / "examples" / "example.blend")
-    ap.add_argument("--frames", default="1-4")
+    ap.add_argument("--frames", default="1-6", help="default: the example's whole animation")
     ap.add_argument("--tiles", default="2x2")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     frames = parse_frames(args.frames)
     size = scene_size(args.scene)
     n_tiles = len(frames) * TileGrid.parse(args.tiles).count
-    a, b, c, overhead_ms = [], [], [], []
+    n_frames = len(frames)
+    a, b, b1, c, overhead_ms, marginal_ms = [], [], [], [], [], []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            for sub in ("a", "b", "c"):
+            for sub in ("a", "b", "b1", "c"):
                 (tmp / sub).mkdir()
             a.append(run_plain(args.scene, frames, tmp / "a"))
             b.append(run_farm(args.scene, frames, tmp / "b", args.tiles))
+            b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1"))
             c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size))
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
         print(
@@ -199,6 +204,7 @@ def main() -> None:
                 "farm_over_plain_ratio": spread(ratio_b),
                 "process_per_tile_over_plain_ratio": spread(ratio_c),
                 "farm_overhead_per_tile_ms": spread(overhead_ms),
+                "farm_marginal_cost_per_tile_ms": spread(marginal_ms),
             }
         )
     )

@@ -242,14 +242,24 @@ def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
-    from workers.worker import serve
+    from workers.child import BlenderChild
 
     changes: dict[str, Any] = {}
     if args.device:
         changes["device"] = args.device
     if args.gpu_index is not None:
         changes["gpu_index"] = args.gpu_index
-    serve(settings.with_(**changes), name=args.name, burst=args.burst)
+    settings = settings.with_(**changes)
+    name = args.name or settings.worker_name()
+    # Blender starts first and imports bpy while this process imports the worker (rq, numpy).
+    child = BlenderChild.for_settings(settings, name)
+    child.start(wait=False)
+    try:
+        from workers.worker import serve
+
+        serve(settings, name=name, burst=args.burst, child=child)
+    finally:
+        child.kill()
 
 
 COMMANDS = {

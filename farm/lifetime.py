@@ -23,13 +23,18 @@ def _load_libc() -> ctypes.CDLL | None:
 _LIBC = _load_libc()
 
 
+def arm_parent_death_signal(sig: int) -> None:
+    """Have Linux send ``sig`` to this process when the thread that spawned it exits."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     """A ``preexec_fn`` that has Linux send ``sig`` to the child when its parent thread dies."""
     parent_pid = os.getpid()
 
     def preexec() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        arm_parent_death_signal(sig)
         # The parent may have died between fork and prctl; then nobody would ever signal us.
         if os.getppid() != parent_pid:
             os._exit(1)

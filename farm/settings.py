@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,11 @@ class Settings:
                 f"GPU backend {self.gpu_backend!r} is not one of {', '.join(GPU_BACKENDS)}"
             )
         return self
+
+    def worker_name(self) -> str:
+        """A worker's default name: host, device and pid (unique on the farm)."""
+        device = self.device if self.gpu_index is None else f"gpu{self.gpu_index}"
+        return f"{socket.gethostname()}-{device}-{os.getpid()}"
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes).validated()

@@ -13,6 +13,7 @@ import ctypes
 import glob
 import json
 import os
+import signal
 import struct
 import sys
 import time
@@ -21,15 +22,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from farm.lifetime import arm_parent_death_signal
+from farm.settings import GPU_BACKENDS
 from farm.tiling import Rect, border_floats
 from workers.exr import read_size
 
 # bpy is imported in main(), after the parent-death signal is armed.
 bpy: Any = None
 
-GPU_BACKENDS = ("OPTIX", "CUDA", "HIP", "ONEAPI", "METAL")
-_PR_SET_PDEATHSIG = 1
-_SIGKILL = 9
 _IOLBF = 1
 
 
@@ -50,14 +50,6 @@ def log(event: str, **fields: Any) -> None:
 
 
 # --- process set-up (before bpy) ---------------------------------------------------------------
-
-
-def _arm_parent_death_signal() -> None:
-    """Die with the parent: the kernel sends SIGKILL when the spawning thread exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
 
 
 def _line_buffer_c_stdout() -> None:
@@ -513,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
 
-    _arm_parent_death_signal()
+    arm_parent_death_signal(signal.SIGKILL)
     _line_buffer_c_stdout()
     # Anything Blender spawns must not hold our protocol pipes open after we die.
     os.set_inheritable(args.cmd_fd, False)

@@ -32,6 +32,7 @@ from farm.errors import (
     RenderError,
     TileTimeout,
 )
+from farm.settings import Settings
 from farm.tiling import Rect
 
 #: time allowed for a fresh child to import bpy and answer its first ping
@@ -85,6 +86,7 @@ class BlenderChild:
         self.device_error: str | None = None
         #: seconds the last start took, from spawn to the first ping reply
         self.start_s: float | None = None
+        self._started_at = 0.0
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -101,8 +103,25 @@ class BlenderChild:
         """The current (or last) child's log: Blender's stdout and stderr."""
         return self._log_path
 
-    def start(self) -> None:
-        """Spawn the child (if it is not running) and wait for its first ping reply."""
+    @classmethod
+    def for_settings(cls, settings: Settings, name: str) -> BlenderChild:
+        """The child of worker ``name``: its device, GPU, backend and thread count."""
+        return cls(
+            python=settings.python,
+            work_dir=settings.work_dir / name,
+            device=settings.device,
+            gpu_index=settings.gpu_index,
+            gpu_backend=settings.gpu_backend,
+            threads=settings.cpu_threads,
+            name=name,
+        )
+
+    def start(self, wait: bool = True) -> None:
+        """Spawn the child (if it is not running) and wait for its first ping reply.
+
+        With ``wait=False`` the caller does other work while Blender imports, then calls
+        ``wait_ready()`` before any request.
+        """
         if self.alive:
             return
         self._cleanup()
@@ -124,7 +143,7 @@ class BlenderChild:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         # The pid names the log, but is known only after the spawn: start under a temp name.
         pending_log = self.work_dir / f"{self.name}-starting-{os.getpid()}-{id(self)}.log"
-        t0 = time.monotonic()
+        self._started_at = time.monotonic()
         try:
             with open(pending_log, "ab") as log:
                 self._proc = subprocess.Popen(
@@ -142,8 +161,13 @@ class BlenderChild:
         self._cmd_fd, self._reply_fd = cmd_w, reply_r
         self._log_path = self.work_dir / f"{self.name}-{self._proc.pid}.log"
         os.replace(pending_log, self._log_path)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for the started child's first reply: bpy imported, devices set up."""
         result = self._call({"op": "ping"}, START_TIMEOUT_S, "starting", start=False)
-        self.start_s = time.monotonic() - t0
+        self.start_s = time.monotonic() - self._started_at
         self.blender_version = result.get("blender")
         self.device_name = result.get("device")
         self.device_error = result.get("device_error")

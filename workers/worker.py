@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 
 from farm import jobstore, queue
 from farm.errors import DeviceUnavailable
@@ -16,23 +14,22 @@ from workers.child import BlenderChild
 log = logging.getLogger("tessera.worker")
 
 
-def default_name(settings: Settings) -> str:
-    device = settings.device if settings.gpu_index is None else f"gpu{settings.gpu_index}"
-    return f"{socket.gethostname()}-{device}-{os.getpid()}"
+def serve(
+    settings: Settings,
+    *,
+    name: str | None = None,
+    burst: bool = False,
+    child: BlenderChild | None = None,
+) -> None:
+    """Take tiles from the device's queue until stopped; the Blender child lives as long.
 
-
-def serve(settings: Settings, *, name: str | None = None, burst: bool = False) -> None:
-    """Take tiles from the device's queue until stopped; the Blender child lives as long."""
-    name = name or default_name(settings)
-    child = BlenderChild(
-        python=settings.python,
-        work_dir=settings.work_dir / name,
-        device=settings.device,
-        gpu_index=settings.gpu_index,
-        gpu_backend=settings.gpu_backend,
-        threads=settings.cpu_threads,
-        name=name,
-    )
+    ``child`` may be one already started (without waiting), so that `import bpy` overlapped
+    the worker's own imports.
+    """
+    name = name or settings.worker_name()
+    if child is None:
+        child = BlenderChild.for_settings(settings, name)
+        child.start(wait=False)
     ctx = tasks.WorkerContext(
         settings=settings,
         name=name,
@@ -43,8 +40,8 @@ def serve(settings: Settings, *, name: str | None = None, burst: bool = False) -
         child=child,
     )
     tasks.install(ctx)
-    # Start Blender before taking work, so the first tile does not pay for `import bpy`.
-    child.start()
+    # Blender is ready before the worker takes work, so no tile pays for `import bpy`.
+    child.wait_ready()
     if child.device_error:
         # A GPU worker without its GPU must not take tiles: it would fail every one of them.
         child.stop()
@@ -64,4 +61,6 @@ def serve(settings: Settings, *, name: str | None = None, burst: bool = False) -
             log_level=settings.log_level,
         )
     finally:
-        child.stop()
+        # The child holds nothing to save (every output is written atomically): skip
+        # Blender's teardown.
+        child.kill()
