@@ -161,8 +161,9 @@ def main() -> None:
             b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1"))
             c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size))
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
+        marginal_ms.append((b[-1] - b1[-1]) / max(1, n_tiles - n_frames) * 1000)
         print(
-            f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, "
+            f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, farm 1x1 {b1[-1]:.2f} s, "
             f"process per tile {c[-1]:.2f} s",
             flush=True,
         )
@@ -185,8 +186,16 @@ def main() -> None:
         f"[{min(c):.2f} .. {max(c):.2f}]  c/a {statistics.median(ratio_c):.3f}"
     )
     print(
-        f"per-tile overhead of (b): median {statistics.median(overhead_ms):.1f} ms "
-        f"[{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]"
+        f"    embedded farm 1x1  median {statistics.median(b1):7.2f} s  "
+        f"[{min(b1):.2f} .. {max(b1):.2f}]"
+    )
+    print(
+        f"per-tile overhead of (b), all-in (b-a)/tiles: median "
+        f"{statistics.median(overhead_ms):.1f} ms [{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]"
+    )
+    print(
+        f"per-tile overhead of (b), marginal (b-b1)/(tiles-frames): median "
+        f"{statistics.median(marginal_ms):.1f} ms [{min(marginal_ms):.1f} .. {max(marginal_ms):.1f}]"
     )
     print(
         json.dumps(
