@@ -191,11 +191,13 @@ def main() -> None:
     )
     print(
         f"per-tile overhead of (b), all-in (b-a)/tiles: median "
-        f"{statistics.median(overhead_ms):.1f} ms [{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]"
+        f"{statistics.median(overhead_ms):.1f} ms "
+        f"[{min(overhead_ms):.1f} .. {max(overhead_ms):.1f}]"
     )
     print(
         f"per-tile overhead of (b), marginal (b-b1)/(tiles-frames): median "
-        f"{statistics.median(marginal_ms):.1f} ms [{min(marginal_ms):.1f} .. {max(marginal_ms):.1f}]"
+        f"{statistics.median(marginal_ms):.1f} ms "
+        f"[{min(marginal_ms):.1f} .. {max(marginal_ms):.1f}]"
     )
     print(
         json.dumps(
