@@ -39,9 +39,12 @@ from workers.stitching import stitch  # noqa: E402
 PLAIN = """
 import sys, bpy
 path, out, frames = sys.argv[1], sys.argv[2], [int(f) for f in sys.argv[3].split(",")]
+samples = int(sys.argv[4])
 bpy.ops.wm.open_mainfile(filepath=path, load_ui=False, use_scripts=False)
 scene = bpy.context.scene
 scene.render.engine = "CYCLES"
+if samples:
+    scene.cycles.samples = samples
 scene.render.use_compositing = False
 scene.render.use_sequencer = False
 s = scene.render.image_settings
@@ -61,6 +64,8 @@ a = json.loads(sys.argv[1])
 bpy.ops.wm.open_mainfile(filepath=a["path"], load_ui=False, use_scripts=False)
 scene = bpy.context.scene
 scene.render.engine = "CYCLES"
+if a["samples"]:
+    scene.cycles.samples = a["samples"]
 scene.render.use_compositing = False
 scene.render.use_sequencer = False
 r = scene.render
@@ -91,20 +96,32 @@ def scene_size(scene: Path) -> tuple[int, int]:
     return int(out[-2]), int(out[-1])
 
 
-def run_plain(scene: Path, frames: list[int], tmp: Path) -> float:
+def run_plain(scene: Path, frames: list[int], tmp: Path, samples: int) -> float:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", PLAIN, str(scene), str(tmp), ",".join(map(str, frames))],
+        [
+            sys.executable,
+            "-c",
+            PLAIN,
+            str(scene),
+            str(tmp),
+            ",".join(map(str, frames)),
+            str(samples),
+        ],
         check=True,
         capture_output=True,
     )
     return time.perf_counter() - t0
 
 
-def run_farm(scene: Path, frames: list[int], tmp: Path, tiles: str) -> float:
+def run_farm(scene: Path, frames: list[int], tmp: Path, tiles: str, samples: int) -> float:
     settings = Settings().with_(storage_dir=tmp / "storage", work_dir=tmp / "work")
     req = submission.RenderRequest(
-        output=tmp / "out", frames=",".join(map(str, frames)), tiles=tiles, formats="exr"
+        output=tmp / "out",
+        frames=",".join(map(str, frames)),
+        tiles=tiles,
+        formats="exr",
+        samples=samples or None,
     )
     t0 = time.perf_counter()
     embedded.render(settings, scene, req, 1, io.StringIO())
@@ -112,7 +129,7 @@ def run_farm(scene: Path, frames: list[int], tmp: Path, tiles: str) -> float:
 
 
 def run_process_per_tile(
-    scene: Path, frames: list[int], tmp: Path, tiles: str, size: tuple[int, int]
+    scene: Path, frames: list[int], tmp: Path, tiles: str, size: tuple[int, int], samples: int
 ) -> float:
     width, height = size
     plans = plan_tiles(width, height, TileGrid.parse(tiles))
@@ -126,6 +143,7 @@ def run_process_per_tile(
                 "frame": f,
                 "out": str(out),
                 "border": border_floats(p.render, width, height),
+                "samples": samples,
             }
             subprocess.run(
                 [sys.executable, "-c", ONE_TILE, json.dumps(arg)], check=True, capture_output=True
@@ -145,6 +163,7 @@ def main() -> None:
     ap.add_argument("--frames", default="1-6", help="default: the example's whole animation")
     ap.add_argument("--tiles", default="2x2")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=0, help="override the scene's samples")
     args = ap.parse_args()
     frames = parse_frames(args.frames)
     size = scene_size(args.scene)
@@ -156,10 +175,11 @@ def main() -> None:
             tmp = Path(d)
             for sub in ("a", "b", "b1", "c"):
                 (tmp / sub).mkdir()
-            a.append(run_plain(args.scene, frames, tmp / "a"))
-            b.append(run_farm(args.scene, frames, tmp / "b", args.tiles))
-            b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1"))
-            c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size))
+            n = args.samples
+            a.append(run_plain(args.scene, frames, tmp / "a", n))
+            b.append(run_farm(args.scene, frames, tmp / "b", args.tiles, n))
+            b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1", n))
+            c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size, n))
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
         marginal_ms.append((b[-1] - b1[-1]) / max(1, n_tiles - n_frames) * 1000)
         print(
@@ -171,7 +191,8 @@ def main() -> None:
     ratio_c = [y / x for x, y in zip(a, c, strict=True)]
     print(
         f"scene {args.scene.name} {size[0]}x{size[1]}, frames {args.frames}, "
-        f"tiles {args.tiles} ({n_tiles} tiles), {args.runs} runs"
+        f"tiles {args.tiles} ({n_tiles} tiles), samples {args.samples or 'as saved'}, "
+        f"{args.runs} runs"
     )
     print(
         f"(a) plain bpy          median {statistics.median(a):7.2f} s  "
@@ -208,6 +229,7 @@ def main() -> None:
                 "height_px": size[1],
                 "frames": len(frames),
                 "tiles": n_tiles,
+                "samples": args.samples or None,
                 "runs": args.runs,
                 "plain_s": spread(a),
                 "farm_s": spread(b),

@@ -126,9 +126,16 @@ class LocalWorkers:
         return "\n".join(out)
 
     def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM (rq finishes the task in hand), then SIGKILL after ``grace_s``.
+
+        ``grace_s=0`` once the job is done: every frame is delivered, the workers are idle and
+        their Redis is about to be discarded, so a graceful exit has nothing to save. A failed
+        or canceled job may still have an assembly writing into the output folder.
+        """
+        sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(sig)
         deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             lifetime.stop(proc, max(0.1, deadline - time.monotonic()))
@@ -188,12 +195,15 @@ def render(
             (root / "logs").mkdir()
             pool = LocalWorkers(local, workers, root / "logs")
             pool.start()
+            done = False
             try:
-                return _run(local, source, req, pool, stream, t0)
+                outcome = _run(local, source, req, pool, stream, t0)
+                done = True
+                return outcome
             except QueueError as exc:
                 raise QueueError(f"{exc.message}\n{pool.log_tail()}") from exc
             finally:
-                pool.stop()
+                pool.stop(grace_s=0 if done else 5.0)
     finally:
         if keep_dir is not None:
             shutil.copytree(root / "logs", keep_dir, dirs_exist_ok=True)
