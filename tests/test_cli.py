@@ -184,3 +184,43 @@ def test_gpu_render_without_a_gpu_says_why_and_does_not_loop(tmp_path: Path, sce
     assert proc.returncode == 4, proc.stderr
     assert "no GPU for Cycles" in proc.stderr
     assert time.monotonic() - started < 60
+
+
+def test_shared_farm_commands_submit_watch_status_cancel(
+    redis_url: str, tmp_path: Path, scene: Path
+) -> None:
+    env = {
+        "FARM_REDIS_URL": redis_url,
+        "FARM_STORAGE_DIR": str(tmp_path / "storage"),
+        "FARM_WORK_DIR": str(tmp_path / "work"),
+    }
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "farm", "worker", "--name", "cli-test"],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        proc = farm(
+            "submit", str(scene), "--tiles", "2x1", "--output", "out", "--json", cwd=tmp_path, **env
+        )
+        assert proc.returncode == 0, proc.stderr
+        job_id = json.loads(proc.stdout)["id"]
+        watched = farm("watch", job_id, "--json", cwd=tmp_path, **env)
+        assert watched.returncode == 0, watched.stderr
+        assert json.loads(watched.stdout)["state"] == "done"
+        status = json.loads(farm("status", job_id, "--json", cwd=tmp_path, **env).stdout)
+        assert (status["tiles_done"], status["frames_done"]) == (2, 1)
+        assert (tmp_path / "out" / "frame_0001.png").is_file()
+        listing = farm("status", cwd=tmp_path, **env)
+        assert job_id in listing.stdout and "done" in listing.stdout
+        # a finished job cannot be canceled, and says why
+        late = farm("cancel", job_id, cwd=tmp_path, **env)
+        assert late.returncode != 0 and "already ended: done" in late.stderr
+        unknown = farm("status", "no-such-job", cwd=tmp_path, **env)
+        assert unknown.returncode == 3 and "no job" in unknown.stderr
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
+        log.close()
