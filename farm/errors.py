@@ -139,3 +139,31 @@ class JobFailed(FarmError):
 class JobCanceled(FarmError):
     code = "job_canceled"
     exit_status = 130
+
+
+# --- devices and the slot allocator -------------------------------------------------------------
+
+
+class NvmlError(FarmError):
+    """NVML (the NVIDIA driver's management library) failed or a GPU fell off the bus."""
+
+    code = "nvml_error"
+
+
+class NoCapacity(FarmError):
+    """No device can take the request now; it could later (or by preempting)."""
+
+    code = "no_capacity"
+    exit_status = 5
+
+
+class NeverFits(InputError):
+    """No device in the pool could ever take the request (too large, or a forbidden class)."""
+
+    code = "never_fits"
+
+
+class LeaseLost(FarmError):
+    """The lease expired, was released, or was revoked (preempted by a stream)."""
+
+    code = "lease_lost"

@@ -54,6 +54,40 @@ class Settings:
     log_level: str = "INFO"
     """FARM_LOG_LEVEL: DEBUG, INFO, WARNING or ERROR."""
 
+    nvml: str = "auto"
+    """FARM_NVML: ``auto`` (NVML when a driver answers, else a CPU device), ``real``, or
+    ``fake:MODEL,MODEL`` (the in-tree fake, e.g. ``fake:t4,l4,a100``; tests and demos only)."""
+
+    cpu_render_slots: int = 0
+    """FARM_CPU_RENDER_SLOTS: concurrent render leases on a CPU device; 0 = one per 2 cores."""
+
+    cpu_encode_sessions: int = 0
+    """FARM_CPU_ENCODE_SESSIONS: software (libx264) stream sessions on a CPU device; 0 = derived
+    from the core count."""
+
+    gpu_render_slots: int = 2
+    """FARM_GPU_RENDER_SLOTS: concurrent render leases per GPU."""
+
+    encoder_sessions_per_engine: int = 8
+    """FARM_ENCODER_SESSIONS_PER_ENGINE: stream sessions one NVENC engine is given (720p60)."""
+
+    host_encoder_budget: int = 0
+    """FARM_HOST_ENCODER_BUDGET: NVENC sessions this host may run in all (consumer drivers cap
+    them per system); 0 = the driver's cap for consumer cards, no cap for data-centre cards."""
+
+    device_overrides: str = ""
+    """FARM_DEVICE_OVERRIDES: JSON ``{"<uuid, model or class>": {"vram_mib": N,
+    "encoder_sessions": N, "render_slots": N, "device_class": "..."}}`` applied after probing."""
+
+    render_vram_floor_mib: int = 1024
+    """FARM_RENDER_VRAM_FLOOR_MIB: the least VRAM a render lease reserves on a GPU."""
+
+    lease_ttl_s: float = 15.0
+    """FARM_LEASE_TTL_S: a lease not renewed for this long is reclaimed."""
+
+    agent_timeout_s: float = 15.0
+    """FARM_AGENT_TIMEOUT_S: an agent silent for this long leaves the pool with its devices."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -81,6 +115,8 @@ class Settings:
         text("FARM_GPU_BACKEND", "gpu_backend")
         text("FARM_BLENDER_PYTHON", "python")
         text("FARM_LOG_LEVEL", "log_level")
+        text("FARM_NVML", "nvml")
+        text("FARM_DEVICE_OVERRIDES", "device_overrides")
         for name, attr in (("FARM_STORAGE_DIR", "storage_dir"), ("FARM_WORK_DIR", "work_dir")):
             if env.get(name):
                 values[attr] = Path(env[name])
@@ -89,6 +125,14 @@ class Settings:
         number("FARM_TILE_TIMEOUT_S", "tile_timeout_s", float, 1.0)
         number("FARM_INSPECT_TIMEOUT_S", "inspect_timeout_s", float, 1.0)
         number("FARM_MAX_ATTEMPTS", "max_attempts", int, 1)
+        number("FARM_CPU_RENDER_SLOTS", "cpu_render_slots", int, 0)
+        number("FARM_CPU_ENCODE_SESSIONS", "cpu_encode_sessions", int, 0)
+        number("FARM_GPU_RENDER_SLOTS", "gpu_render_slots", int, 1)
+        number("FARM_ENCODER_SESSIONS_PER_ENGINE", "encoder_sessions_per_engine", int, 1)
+        number("FARM_HOST_ENCODER_BUDGET", "host_encoder_budget", int, 0)
+        number("FARM_RENDER_VRAM_FLOOR_MIB", "render_vram_floor_mib", int, 0)
+        number("FARM_LEASE_TTL_S", "lease_ttl_s", float, 0.1)
+        number("FARM_AGENT_TIMEOUT_S", "agent_timeout_s", float, 0.1)
         return replace(base, **values).validated()
 
     def validated(self) -> Settings:
@@ -100,6 +144,10 @@ class Settings:
             return replace(self, log_level=self.log_level.upper()).validated()
         if self.gpu_backend is not None and self.gpu_backend != self.gpu_backend.upper():
             return replace(self, gpu_backend=self.gpu_backend.upper()).validated()
+        if not (self.nvml in ("auto", "real") or self.nvml.startswith("fake:")):
+            raise BadParameter(
+                f"FARM_NVML {self.nvml!r} is not auto, real or fake:MODEL[,MODEL...]"
+            )
         if self.device not in DEVICE_KINDS:
             raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
         if self.gpu_backend is not None and self.gpu_backend.upper() not in GPU_BACKENDS:
