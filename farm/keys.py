@@ -46,3 +46,48 @@ def inspection(sha256: str) -> str:
 def render_queue(device_class: str) -> str:
     """Name of the rq queue for one device class (rq adds its own prefix)."""
     return f"{PREFIX}-render-{device_class}"
+
+
+# --- the slot allocator ------------------------------------------------------------------------
+
+#: set of every registered device id
+DEVICES = f"{PREFIX}:devices"
+#: sorted set: lease id -> expiry (epoch ms), so expired leases are found without a scan
+LEASE_EXPIRY = f"{PREFIX}:lease-expiry"
+#: pub/sub channel announcing revoked leases (message: lease id)
+LEASE_REVOKED = f"{PREFIX}:lease-revoked"
+
+
+def device(device_id: str) -> str:
+    """Hash: capacity, labels, agent, use counters and the fencing token of one device."""
+    return f"{PREFIX}:device:{device_id}"
+
+
+def device_leases(device_id: str) -> str:
+    """Set of the lease ids held on one device."""
+    return f"{PREFIX}:device:{device_id}:leases"
+
+
+def agent(name: str) -> str:
+    """String with a TTL: the agent is alive while it exists (renewed by heartbeats)."""
+    return f"{PREFIX}:agent:{name}"
+
+
+def host(name: str) -> str:
+    """Hash: the host's NVENC session budget (consumer drivers cap sessions per system) and use."""
+    return f"{PREFIX}:host:{name}"
+
+
+def lease(lease_id: str) -> str:
+    """Hash: holder, kind, device, amounts, token, expiry of one lease."""
+    return f"{PREFIX}:lease:{lease_id}"
+
+
+def lease_gone(lease_id: str) -> str:
+    """Why a lease ended (released, expired, revoked: ...), kept a while for its late holder."""
+    return f"{PREFIX}:lease:{lease_id}:gone"
+
+
+def project_policy(project: str) -> str:
+    """Hash: role -> comma-separated device classes the role may use in that project."""
+    return f"{PREFIX}:project:{project}:policy"

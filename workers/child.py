@@ -140,6 +140,8 @@ class BlenderChild:
             p for p in (str(_PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
         )
         if self.gpu_index is not None:
+            # NVML numbers GPUs in PCI order; make CUDA (and so Cycles) count the same way
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         # The pid names the log, but is known only after the spawn: start under a temp name.
         pending_log = self.work_dir / f"{self.name}-starting-{os.getpid()}-{id(self)}.log"
