@@ -1,0 +1,305 @@
+"""The slot allocator: one pool of devices (VRAM, encoder sessions, render slots) shared by
+renders and streams through fenced, expiring leases held in Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from farm import keys, slotscripts
+from farm.errors import BadParameter, LeaseLost, NeverFits, NoCapacity, QueueError
+
+KINDS = ("render", "stream")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a holder needs on one device; empty constraints mean any."""
+
+    kind: str
+    vram_mib: int = 0
+    encoder_sessions: int = 0
+    render_slots: int = 0
+    classes: tuple[str, ...] = ()
+    device_ids: tuple[str, ...] = ()
+    project: str = ""
+    role: str = ""
+    #: a stream may revoke render leases when nothing else has room
+    preempt: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise BadParameter(f"lease kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        for name in ("vram_mib", "encoder_sessions", "render_slots"):
+            if getattr(self, name) < 0:
+                raise BadParameter(f"{name} must be 0 or more")
+
+    def describe(self) -> str:
+        parts = [f"{self.vram_mib} MiB VRAM"] if self.vram_mib else []
+        if self.encoder_sessions:
+            parts.append(f"{self.encoder_sessions} encoder session(s)")
+        if self.render_slots:
+            parts.append(f"{self.render_slots} render slot(s)")
+        where = f" of class {'/'.join(self.classes)}" if self.classes else ""
+        if self.device_ids:
+            where += f" among {', '.join(self.device_ids)}"
+        return f"{self.kind} lease ({', '.join(parts) or 'nothing'}) on a device{where}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    holder: str
+    kind: str
+    device: str
+    token: int
+    expires_ms: int
+    revoked_others: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """One device as the allocator sees it (for `farm gpus`, metrics and tests)."""
+
+    id: str
+    agent: str
+    host: str
+    device_class: str
+    model: str
+    vram_mib: int
+    encoder_sessions: int
+    render_slots: int
+    used_vram_mib: int
+    used_encoder_sessions: int
+    used_render_slots: int
+    token: int
+    available: bool
+    alive: bool
+    unavailable_reason: str = ""
+    unexplained_vram_mib: int = 0
+    leases: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class DeviceOffer:
+    """What an agent offers for one device in a registration or heartbeat."""
+
+    id: str
+    device_class: str
+    model: str
+    vram_mib: int
+    encoder_sessions: int
+    render_slots: int
+    available: bool = True
+    unavailable_reason: str = ""
+    unexplained_vram_mib: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "device_class": self.device_class,
+            "model": self.model,
+            "vram_mib": self.vram_mib,
+            "encoder_sessions": self.encoder_sessions,
+            "render_slots": self.render_slots,
+            "available": "1" if self.available else "0",
+            "unavailable_reason": self.unavailable_reason,
+            "unexplained_vram_mib": self.unexplained_vram_mib,
+        }
+
+
+class SlotAllocator:
+    """Client of the allocator; any number of processes share one Redis."""
+
+    def __init__(
+        self,
+        conn: redis.Redis,
+        ttl_s: float = 15.0,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.conn = conn
+        self.ttl_ms = int(ttl_s * 1000)
+        # None: Redis's own clock, the same for every host
+        self.clock_ms = clock_ms
+        self._acquire = conn.register_script(slotscripts.ACQUIRE)
+        self._renew = conn.register_script(slotscripts.RENEW)
+        self._release = conn.register_script(slotscripts.RELEASE)
+        self._check = conn.register_script(slotscripts.CHECK)
+        self._register = conn.register_script(slotscripts.REGISTER)
+
+    def _now(self) -> str:
+        return "" if self.clock_ms is None else str(self.clock_ms())
+
+    # --- agents --------------------------------------------------------------------------------
+
+    def register(
+        self,
+        agent: str,
+        host: str,
+        devices: Sequence[DeviceOffer],
+        ttl_s: float,
+        host_encoder_budget: int | None = None,
+    ) -> None:
+        """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``."""
+        budget = -1 if host_encoder_budget is None else host_encoder_budget
+        payload = json.dumps([d.to_json() for d in devices])
+        _guard(self._register, args=[agent, int(ttl_s * 1000), host, budget, payload])
+
+    # --- leases --------------------------------------------------------------------------------
+
+    def try_acquire(self, holder: str, request: Request) -> Lease | None:
+        """One attempt: a lease, None when it could fit later, NeverFits when it never can."""
+        request = self._apply_policy(request)
+        lease_id = uuid.uuid4().hex
+        reply = _guard(
+            self._acquire,
+            args=[
+                self._now(), request.kind, holder, lease_id, request.vram_mib,
+                request.encoder_sessions, request.render_slots, self.ttl_ms,
+                ",".join(request.classes), ",".join(request.device_ids),
+                "1" if request.preempt else "0", request.project,
+            ],
+        )  # fmt: skip
+        outcome = _text(reply[0])
+        if outcome == "never":
+            raise NeverFits(
+                f"no device in the pool can ever hold a {request.describe()}",
+                request=request.describe(),
+            )
+        if outcome == "busy":
+            return None
+        return Lease(
+            id=lease_id,
+            holder=holder,
+            kind=request.kind,
+            device=_text(reply[1]),
+            token=int(reply[2]),
+            expires_ms=int(reply[3]),
+            revoked_others=int(reply[4]),
+        )
+
+    def acquire(
+        self, holder: str, request: Request, wait_s: float = 0.0, poll_s: float = 0.05
+    ) -> Lease:
+        """A lease, waiting up to ``wait_s`` for room; NoCapacity when there is none by then."""
+        deadline = time.monotonic() + wait_s
+        delay = poll_s
+        while True:
+            lease = self.try_acquire(holder, request)
+            if lease is not None:
+                return lease
+            if time.monotonic() + delay > deadline:
+                raise NoCapacity(
+                    f"no room now for a {request.describe()}"
+                    + (f" (waited {wait_s:.0f} s)" if wait_s else ""),
+                    request=request.describe(),
+                )
+            time.sleep(delay)  # a bounded back-off between attempts, not a synchronisation
+            delay = min(delay * 2, 1.0)
+
+    def renew(self, lease: Lease) -> Lease:
+        reply = _guard(self._renew, args=[self._now(), lease.id, lease.token, self.ttl_ms])
+        if _text(reply[0]) != "ok":
+            why = _text(reply[1])
+            raise LeaseLost(f"lease on {lease.device} lost: {why}", lease=lease.id, why=why)
+        return Lease(lease.id, lease.holder, lease.kind, lease.device, lease.token, int(reply[1]))
+
+    def release(self, lease: Lease) -> bool:
+        return bool(_guard(self._release, args=[lease.id, lease.token]))
+
+    def check(self, lease: Lease) -> bool:
+        """The fencing check: is this lease still held, with this token, unexpired?"""
+        return bool(_guard(self._check, args=[self._now(), lease.id, lease.token]))
+
+    def why_gone(self, lease_id: str) -> str | None:
+        value = _guard(self.conn.get, keys.lease_gone(lease_id))
+        return None if value is None else _text(value)
+
+    # --- policy --------------------------------------------------------------------------------
+
+    def set_policy(self, project: str, role: str, classes: Sequence[str]) -> None:
+        """Which device classes ``role`` may use in ``project`` (e.g. only admins on a100)."""
+        _guard(self.conn.hset, keys.project_policy(project), role, ",".join(classes))
+
+    def _apply_policy(self, request: Request) -> Request:
+        if not request.project or not request.role:
+            return request
+        raw = _guard(self.conn.hget, keys.project_policy(request.project), request.role)
+        if raw is None:
+            return request
+        allowed = tuple(c for c in _text(raw).split(",") if c)
+        classes = tuple(c for c in request.classes if c in allowed) if request.classes else allowed
+        if not classes:
+            raise NeverFits(
+                f"role {request.role!r} of project {request.project!r} may not use "
+                f"{'/'.join(request.classes)} (allowed: {', '.join(allowed) or 'none'})",
+                project=request.project,
+                role=request.role,
+            )
+        return Request(
+            request.kind, request.vram_mib, request.encoder_sessions, request.render_slots,
+            classes, request.device_ids, request.project, request.role, request.preempt,
+        )  # fmt: skip
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def devices(self) -> list[DeviceState]:
+        ids = sorted(_text(d) for d in _guard(self.conn.smembers, keys.DEVICES))
+        pipe = self.conn.pipeline(transaction=False)
+        for d in ids:
+            pipe.hgetall(keys.device(d))
+            pipe.smembers(keys.device_leases(d))
+        raw = _guard(pipe.execute)
+        states = []
+        for i, d in enumerate(ids):
+            h = {_text(k): _text(v) for k, v in raw[2 * i].items()}
+            lease_ids = sorted(_text(x) for x in raw[2 * i + 1])
+            lpipe = self.conn.pipeline(transaction=False)
+            for lid in lease_ids:
+                lpipe.hgetall(keys.lease(lid))
+            lease_rows = [
+                {"id": lid, **{_text(k): _text(v) for k, v in row.items()}}
+                for lid, row in zip(lease_ids, _guard(lpipe.execute), strict=True)
+                if row
+            ]
+            states.append(
+                DeviceState(
+                    id=d,
+                    agent=h.get("agent", ""),
+                    host=h.get("host", ""),
+                    device_class=h.get("class", ""),
+                    model=h.get("model", ""),
+                    vram_mib=int(h.get("vram", 0)),
+                    encoder_sessions=int(h.get("enc", 0)),
+                    render_slots=int(h.get("slots", 0)),
+                    used_vram_mib=int(h.get("used_vram", 0)),
+                    used_encoder_sessions=int(h.get("used_enc", 0)),
+                    used_render_slots=int(h.get("used_slots", 0)),
+                    token=int(h.get("token", 0)),
+                    available=h.get("available") == "1",
+                    alive=bool(_guard(self.conn.exists, keys.agent(h.get("agent", "")))),
+                    unavailable_reason=h.get("unavailable_reason", ""),
+                    unexplained_vram_mib=int(h.get("unexplained_vram", 0)),
+                    leases=lease_rows,
+                )
+            )
+        return states
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except redis.ConnectionError as exc:
+        raise QueueError(f"cannot reach Redis: {exc}") from exc
+    except redis.ResponseError as exc:
+        raise QueueError(f"the allocator's Redis script failed: {exc}") from exc

@@ -1,0 +1,212 @@
+"""Lua scripts of the slot allocator: every check and reservation of a call in one atomic step.
+
+Expired leases, and the leases of devices whose agent went silent, are reclaimed inside the same
+scripts that grant new ones, so correctness needs no separate reaper. Time is Redis's own clock
+(``TIME``) unless the caller passes one (tests drive time explicitly).
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+local P = 'tessera:'
+
+local function clock(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function csv_set(text)
+  local out = {}
+  for item in string.gmatch(text or '', '[^,]+') do out[item] = true end
+  return out
+end
+
+-- End a lease: give back exactly its amounts, remember why for its late holder.
+local function free(id, why)
+  local lk = P .. 'lease:' .. id
+  local l = redis.call('HMGET', lk, 'device', 'vram', 'enc', 'slots', 'host')
+  redis.call('ZREM', P .. 'lease-expiry', id)
+  if not l[1] then return false end
+  local dk = P .. 'device:' .. l[1]
+  redis.call('HINCRBY', dk, 'used_vram', 0 - tonumber(l[2]))
+  redis.call('HINCRBY', dk, 'used_enc', 0 - tonumber(l[3]))
+  redis.call('HINCRBY', dk, 'used_slots', 0 - tonumber(l[4]))
+  if tonumber(l[3]) > 0 then
+    redis.call('HINCRBY', P .. 'host:' .. l[5], 'used_enc', 0 - tonumber(l[3]))
+  end
+  redis.call('SREM', dk .. ':leases', id)
+  redis.call('DEL', lk)
+  redis.call('SET', lk .. ':gone', why, 'PX', 600000)
+  if string.sub(why, 1, 7) == 'revoked' then
+    redis.call('PUBLISH', P .. 'lease-revoked', id)
+  end
+  return true
+end
+
+local function reclaim_expired(now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease-expiry', '-inf', now)) do
+    free(id, 'expired')
+  end
+end
+"""
+
+# ARGV: now|'', kind, holder, lease_id, vram, enc, slots, ttl_ms, classes csv, device ids csv,
+#       preempt '1'|'0', project
+# -> {'ok', device, token, expires_ms, revoked} | {'never'} | {'busy'}
+ACQUIRE = PRELUDE + r"""
+local now = clock(ARGV[1])
+reclaim_expired(now)
+local kind = ARGV[2]
+local vram, enc, slots = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local classes, ids = csv_set(ARGV[9]), csv_set(ARGV[10])
+local any_class, any_id = next(classes) == nil, next(ids) == nil
+local best, best_score, best_f = nil, nil, nil
+local ever = false
+local victims_of = {}
+local devices = redis.call('SMEMBERS', P .. 'devices')
+table.sort(devices)
+for _, d in ipairs(devices) do
+  local dk = P .. 'device:' .. d
+  local f = redis.call('HMGET', dk, 'agent', 'host', 'class', 'vram', 'enc', 'slots',
+                       'used_vram', 'used_enc', 'used_slots', 'available', 'unexplained_vram')
+  local alive = redis.call('EXISTS', P .. 'agent:' .. f[1]) == 1
+  if not alive then
+    for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
+      free(id, "revoked: the device's agent stopped answering")
+    end
+  end
+  local cap_v, cap_e, cap_s = tonumber(f[4]), tonumber(f[5]), tonumber(f[6])
+  local wanted = (any_class or classes[f[3]]) and (any_id or ids[d])
+  if wanted and cap_v >= vram and cap_e >= enc and cap_s >= slots then ever = true end
+  if wanted and alive and f[10] == '1' then
+    local fv = cap_v - tonumber(f[7]) - tonumber(f[11] or '0')
+    local fe = cap_e - tonumber(f[8])
+    local fs = cap_s - tonumber(f[9])
+    local host_ok = true
+    if enc > 0 then
+      local hb = redis.call('HMGET', P .. 'host:' .. f[2], 'budget', 'used_enc')
+      local budget = tonumber(hb[1] or '-1')
+      if budget >= 0 and tonumber(hb[2] or '0') + enc > budget then host_ok = false end
+    end
+    if host_ok and fv >= vram and fe >= enc and fs >= slots then
+      local score
+      if kind == 'render' then
+        -- pack: the busiest device that fits (least free share left), so big renders find room
+        score = fv / math.max(1, cap_v) + fs / math.max(1, cap_s)
+      else
+        -- spread: the least loaded encoder, then the most free memory
+        score = tonumber(f[8]) / math.max(1, cap_e) - fv / math.max(1, cap_v) / 1000
+      end
+      if best_score == nil or score < best_score then best, best_score, best_f = d, score, f end
+    elseif host_ok and kind == 'stream' and ARGV[11] == '1' then
+      -- could it fit if the device's render leases were revoked?
+      local gv, ge, gs, renders = 0, 0, 0, {}
+      for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
+        local l = redis.call('HMGET', P .. 'lease:' .. id, 'kind', 'vram', 'enc', 'slots', 'token')
+        if l[1] == 'render' then
+          gv, ge, gs = gv + tonumber(l[2]), ge + tonumber(l[3]), gs + tonumber(l[4])
+          table.insert(renders, {id, tonumber(l[5]), tonumber(l[2]), tonumber(l[3]), tonumber(l[4])})
+        end
+      end
+      if fv + gv >= vram and fe + ge >= enc and fs + gs >= slots then
+        victims_of[d] = {renders, fv, fe, fs, f}
+      end
+    end
+  end
+end
+local revoked = 0
+if best == nil then
+  if not ever then return {'never'} end
+  -- preempt on the device that needs the fewest revocations; newest renders go first
+  local pick, pick_n = nil, nil
+  for d, v in pairs(victims_of) do
+    if pick == nil or #v[1] < pick_n or (#v[1] == pick_n and d < pick) then pick, pick_n = d, #v[1] end
+  end
+  if pick == nil then return {'busy'} end
+  local v = victims_of[pick]
+  local renders, fv, fe, fs = v[1], v[2], v[3], v[4]
+  table.sort(renders, function(a, b) return a[2] > b[2] end)
+  for _, r in ipairs(renders) do
+    if fv >= vram and fe >= enc and fs >= slots then break end
+    free(r[1], 'revoked: preempted by a stream')
+    fv, fe, fs = fv + r[3], fe + r[4], fs + r[5]
+    revoked = revoked + 1
+  end
+  best, best_f = pick, v[5]
+end
+local dk = P .. 'device:' .. best
+local token = redis.call('HINCRBY', dk, 'token', 1)
+local expires = now + tonumber(ARGV[8])
+local id = ARGV[4]
+redis.call('HSET', P .. 'lease:' .. id, 'holder', ARGV[3], 'kind', kind, 'device', best,
+           'vram', vram, 'enc', enc, 'slots', slots, 'host', best_f[2], 'token', token,
+           'expires', expires, 'project', ARGV[12], 'granted', now)
+redis.call('DEL', P .. 'lease:' .. id .. ':gone')
+redis.call('ZADD', P .. 'lease-expiry', expires, id)
+redis.call('SADD', dk .. ':leases', id)
+redis.call('HINCRBY', dk, 'used_vram', vram)
+redis.call('HINCRBY', dk, 'used_enc', enc)
+redis.call('HINCRBY', dk, 'used_slots', slots)
+if enc > 0 then redis.call('HINCRBY', P .. 'host:' .. best_f[2], 'used_enc', enc) end
+return {'ok', best, token, expires, revoked}
+"""
+
+# ARGV: now|'', lease_id, token, ttl_ms   -> {'ok', expires} | {'gone', why}
+RENEW = PRELUDE + r"""
+local now = clock(ARGV[1])
+local lk = P .. 'lease:' .. ARGV[2]
+local l = redis.call('HMGET', lk, 'token', 'expires', 'device')
+if not l[1] or l[1] ~= ARGV[3] then
+  return {'gone', redis.call('GET', lk .. ':gone') or 'unknown lease'}
+end
+if tonumber(l[2]) < now then
+  free(ARGV[2], 'expired')
+  return {'gone', 'expired'}
+end
+local agent = redis.call('HGET', P .. 'device:' .. l[3], 'agent')
+if redis.call('EXISTS', P .. 'agent:' .. agent) == 0 then
+  free(ARGV[2], "revoked: the device's agent stopped answering")
+  return {'gone', "revoked: the device's agent stopped answering"}
+end
+local expires = now + tonumber(ARGV[4])
+redis.call('HSET', lk, 'expires', expires)
+redis.call('ZADD', P .. 'lease-expiry', expires, ARGV[2])
+return {'ok', expires}
+"""
+
+# ARGV: lease_id, token   -> 1 released | 0 not held
+RELEASE = PRELUDE + r"""
+if redis.call('HGET', P .. 'lease:' .. ARGV[1], 'token') ~= ARGV[2] then return 0 end
+free(ARGV[1], 'released')
+return 1
+"""
+
+# ARGV: now|'', lease_id, token   -> 1 when the lease is held and current (the fencing check)
+CHECK = PRELUDE + r"""
+local now = clock(ARGV[1])
+local l = redis.call('HMGET', P .. 'lease:' .. ARGV[2], 'token', 'expires')
+if l[1] == ARGV[3] and tonumber(l[2]) >= now then return 1 end
+return 0
+"""
+
+# ARGV: agent, ttl_ms, host, host_budget (-1 none), devices JSON
+# (register and heartbeat are one idempotent call: capacities may change between beats)
+REGISTER = PRELUDE + r"""
+redis.call('SET', P .. 'agent:' .. ARGV[1], 'alive', 'PX', ARGV[2])
+redis.call('HSET', P .. 'host:' .. ARGV[3], 'budget', ARGV[4])
+redis.call('HSETNX', P .. 'host:' .. ARGV[3], 'used_enc', 0)
+for _, d in ipairs(cjson.decode(ARGV[5])) do
+  local dk = P .. 'device:' .. d['id']
+  redis.call('HSET', dk, 'agent', ARGV[1], 'host', ARGV[3], 'class', d['device_class'],
+             'model', d['model'], 'vram', d['vram_mib'], 'enc', d['encoder_sessions'],
+             'slots', d['render_slots'], 'available', d['available'],
+             'unavailable_reason', d['unavailable_reason'],
+             'unexplained_vram', d['unexplained_vram_mib'])
+  for _, field in ipairs({'used_vram', 'used_enc', 'used_slots', 'token'}) do
+    redis.call('HSETNX', dk, field, 0)
+  end
+  redis.call('SADD', P .. 'devices', d['id'])
+end
+return 1
+"""
