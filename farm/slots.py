@@ -149,7 +149,9 @@ class SlotAllocator:
         """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``."""
         budget = -1 if host_encoder_budget is None else host_encoder_budget
         payload = json.dumps([d.to_json() for d in devices])
-        _guard(self._register, args=[agent, int(ttl_s * 1000), host, budget, payload])
+        _guard(
+            self._register, args=[self._now(), agent, int(ttl_s * 1000), host, budget, payload]
+        )
 
     # --- leases --------------------------------------------------------------------------------
 
@@ -217,6 +219,12 @@ class SlotAllocator:
         """The fencing check: is this lease still held, with this token, unexpired?"""
         return bool(_guard(self._check, args=[self._now(), lease.id, lease.token]))
 
+    def _server_ms(self) -> int:
+        if self.clock_ms is not None:
+            return self.clock_ms()
+        seconds, micros = _guard(self.conn.time)
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def why_gone(self, lease_id: str) -> str | None:
         value = _guard(self.conn.get, keys.lease_gone(lease_id))
         return None if value is None else _text(value)
@@ -256,6 +264,7 @@ class SlotAllocator:
             pipe.hgetall(keys.device(d))
             pipe.smembers(keys.device_leases(d))
         raw = _guard(pipe.execute)
+        now_ms = self._server_ms()
         states = []
         for i, d in enumerate(ids):
             h = {_text(k): _text(v) for k, v in raw[2 * i].items()}
@@ -283,7 +292,7 @@ class SlotAllocator:
                     used_render_slots=int(h.get("used_slots", 0)),
                     token=int(h.get("token", 0)),
                     available=h.get("available") == "1",
-                    alive=bool(_guard(self.conn.exists, keys.agent(h.get("agent", "")))),
+                    alive=int(h.get("alive_until", 0)) >= now_ms,
                     unavailable_reason=h.get("unavailable_reason", ""),
                     unexplained_vram_mib=int(h.get("unexplained_vram", 0)),
                     leases=lease_rows,

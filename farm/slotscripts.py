@@ -68,9 +68,10 @@ local devices = redis.call('SMEMBERS', P .. 'devices')
 table.sort(devices)
 for _, d in ipairs(devices) do
   local dk = P .. 'device:' .. d
-  local f = redis.call('HMGET', dk, 'agent', 'host', 'class', 'vram', 'enc', 'slots',
+  local f = redis.call('HMGET', dk, 'alive_until', 'host', 'class', 'vram', 'enc', 'slots',
                        'used_vram', 'used_enc', 'used_slots', 'available', 'unexplained_vram')
-  local alive = redis.call('EXISTS', P .. 'agent:' .. f[1]) == 1
+  -- alive while any agent offering it keeps beating
+  local alive = tonumber(f[1] or '0') >= now
   if not alive then
     for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
       free(id, "revoked: the device's agent stopped answering")
@@ -164,8 +165,7 @@ if tonumber(l[2]) < now then
   free(ARGV[2], 'expired')
   return {'gone', 'expired'}
 end
-local agent = redis.call('HGET', P .. 'device:' .. l[3], 'agent')
-if redis.call('EXISTS', P .. 'agent:' .. agent) == 0 then
+if tonumber(redis.call('HGET', P .. 'device:' .. l[3], 'alive_until') or '0') < now then
   free(ARGV[2], "revoked: the device's agent stopped answering")
   return {'gone', "revoked: the device's agent stopped answering"}
 end
@@ -190,15 +190,21 @@ if l[1] == ARGV[3] and tonumber(l[2]) >= now then return 1 end
 return 0
 """
 
-# ARGV: agent, ttl_ms, host, host_budget (-1 none), devices JSON
-# (register and heartbeat are one idempotent call: capacities may change between beats)
+# ARGV: now|'', agent, ttl_ms, host, host_budget (-1 none), devices JSON
+# (register and heartbeat are one idempotent call: capacities may change between beats; a
+# device offered by several agents, a render worker and a stream service, lives while any beats)
 REGISTER = PRELUDE + r"""
-redis.call('SET', P .. 'agent:' .. ARGV[1], 'alive', 'PX', ARGV[2])
-redis.call('HSET', P .. 'host:' .. ARGV[3], 'budget', ARGV[4])
-redis.call('HSETNX', P .. 'host:' .. ARGV[3], 'used_enc', 0)
-for _, d in ipairs(cjson.decode(ARGV[5])) do
+local now = clock(ARGV[1])
+local until_ms = now + tonumber(ARGV[3])
+redis.call('SET', P .. 'agent:' .. ARGV[2], 'alive', 'PX', ARGV[3])
+redis.call('HSET', P .. 'host:' .. ARGV[4], 'budget', ARGV[5])
+redis.call('HSETNX', P .. 'host:' .. ARGV[4], 'used_enc', 0)
+for _, d in ipairs(cjson.decode(ARGV[6])) do
   local dk = P .. 'device:' .. d['id']
-  redis.call('HSET', dk, 'agent', ARGV[1], 'host', ARGV[3], 'class', d['device_class'],
+  if tonumber(redis.call('HGET', dk, 'alive_until') or '0') < until_ms then
+    redis.call('HSET', dk, 'alive_until', until_ms)
+  end
+  redis.call('HSET', dk, 'agent', ARGV[2], 'host', ARGV[4], 'class', d['device_class'],
              'model', d['model'], 'vram', d['vram_mib'], 'enc', d['encoder_sessions'],
              'slots', d['render_slots'], 'available', d['available'],
              'unavailable_reason', d['unavailable_reason'],
