@@ -48,6 +48,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "FARM_MAX_ATTEMPTS": str(settings.max_attempts),
         "FARM_BLENDER_PYTHON": settings.python,
         "FARM_LOG_LEVEL": settings.log_level,
+        "FARM_NVML": settings.nvml,
+        "FARM_CPU_RENDER_SLOTS": str(settings.cpu_render_slots),
+        "FARM_CPU_ENCODE_SESSIONS": str(settings.cpu_encode_sessions),
+        "FARM_GPU_RENDER_SLOTS": str(settings.gpu_render_slots),
+        "FARM_RENDER_VRAM_FLOOR_MIB": str(settings.render_vram_floor_mib),
+        "FARM_LEASE_TTL_S": str(settings.lease_ttl_s),
+        "FARM_AGENT_TIMEOUT_S": str(settings.agent_timeout_s),
+        "FARM_DEVICE_OVERRIDES": settings.device_overrides,
     }
     if settings.gpu_index is not None:
         env["FARM_GPU_INDEX"] = str(settings.gpu_index)
@@ -191,6 +199,8 @@ def render(
                 work_dir=root / "work",
                 device=req.device,
                 cpu_threads=settings.cpu_threads or threads_per_worker(workers),
+                # the local workers split the cores between them: one render slot each
+                cpu_render_slots=settings.cpu_render_slots or workers,
             )
             (root / "logs").mkdir()
             pool = LocalWorkers(local, workers, root / "logs")

@@ -87,13 +87,21 @@ return 1
 """
 
 # KEYS: job, tiles, framecount, assembling, events
-# ARGV: jid, frame, index, attempt, ts, tiles_per_frame, assembly_deadline
+# ARGV: jid, frame, index, attempt, ts, tiles_per_frame, assembly_deadline, lease id ('' none),
+#       lease token
+# The lease check is the allocator's fence: a holder paused past its lease cannot commit.
 FINISH_TILE = (
     PRELUDE
     + """
 local tile = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
+end
+if ARGV[8] ~= '' then
+  local l = redis.call('HMGET', 'tessera:lease:' .. ARGV[8], 'token', 'expires')
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if l[1] ~= ARGV[9] or tonumber(l[2]) < now_ms then return 'fenced' end
 end
 local st = redis.call('HGET', KEYS[1], 'state')
 if FINAL[st] then

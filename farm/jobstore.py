@@ -38,8 +38,10 @@ class Recovery:
 
 
 class JobStore:
-    def __init__(self, conn: redis.Redis) -> None:
+    def __init__(self, conn: redis.Redis, tile_lease_s: float = TILE_LEASE_S) -> None:
         self.conn = conn
+        #: a rendering tile not renewed for this long is requeued by the recovery sweep
+        self.tile_lease_s = tile_lease_s
         self._start = conn.register_script(jobscripts.START_TILE)
         self._touch = conn.register_script(jobscripts.TOUCH_TILE)
         self._finish = conn.register_script(jobscripts.FINISH_TILE)
@@ -160,18 +162,20 @@ class JobStore:
             self._run(
                 self._start,
                 [keys.job(task.job_id), keys.tiles(task.job_id), keys.events(task.job_id)],
-                [task.job_id, task.frame, task.index, task.attempt, now, now + TILE_LEASE_S],
+                [task.job_id, task.frame, task.index, task.attempt, now, now + self.tile_lease_s],
             )
         )
 
     def touch_tile(self, task: TileTask) -> bool:
         """Renew a rendering tile's lease; False when it is no longer ours."""
-        deadline = time.time() + TILE_LEASE_S
+        deadline = time.time() + self.tile_lease_s
         return bool(
             self._run(self._touch, [keys.tiles(task.job_id)], [task.key, task.attempt, deadline])
         )
 
-    def finish_tile(self, task: TileTask, tiles_per_frame: int) -> str:
+    def finish_tile(
+        self, task: TileTask, tiles_per_frame: int, lease_id: str = "", lease_token: int = 0
+    ) -> str:
         """Commit a rendered tile: 'ok', 'frame_ready' (its frame's last), 'stale', 'job_<st>'."""
         now = time.time()
         j = task.job_id
@@ -193,6 +197,8 @@ class JobStore:
                     now,
                     tiles_per_frame,
                     now + ASSEMBLY_LEASE_S,
+                    lease_id,
+                    lease_token,
                 ],
             )
         )
@@ -282,6 +288,12 @@ class JobStore:
                 frame, index = name.split(":")
                 out.append(TileTask(job_id, int(frame), int(index), int(raw[name + ":a"])))
         return out
+
+    def committed_attempts(self, job_id: str, frame: int, count: int) -> list[int]:
+        """The attempt whose output was committed, for each tile 0..count-1 of a frame."""
+        names = [tile_key(frame, i) + ":a" for i in range(count)]
+        values = self._call(self.conn.hmget, keys.tiles(job_id), names)
+        return [int(v or 0) for v in values]
 
     def tile_attempt(self, job_id: str, frame: int, index: int) -> int:
         value = self._call(self.conn.hget, keys.tiles(job_id), tile_key(frame, index) + ":a")

@@ -149,9 +149,7 @@ class SlotAllocator:
         """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``."""
         budget = -1 if host_encoder_budget is None else host_encoder_budget
         payload = json.dumps([d.to_json() for d in devices])
-        _guard(
-            self._register, args=[self._now(), agent, int(ttl_s * 1000), host, budget, payload]
-        )
+        _guard(self._register, args=[self._now(), agent, int(ttl_s * 1000), host, budget, payload])
 
     # --- leases --------------------------------------------------------------------------------
 

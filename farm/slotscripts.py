@@ -54,7 +54,9 @@ end
 # ARGV: now|'', kind, holder, lease_id, vram, enc, slots, ttl_ms, classes csv, device ids csv,
 #       preempt '1'|'0', project
 # -> {'ok', device, token, expires_ms, revoked} | {'never'} | {'busy'}
-ACQUIRE = PRELUDE + r"""
+ACQUIRE = (
+    PRELUDE
+    + r"""
 local now = clock(ARGV[1])
 reclaim_expired(now)
 local kind = ARGV[2]
@@ -152,9 +154,12 @@ redis.call('HINCRBY', dk, 'used_slots', slots)
 if enc > 0 then redis.call('HINCRBY', P .. 'host:' .. best_f[2], 'used_enc', enc) end
 return {'ok', best, token, expires, revoked}
 """
+)
 
 # ARGV: now|'', lease_id, token, ttl_ms   -> {'ok', expires} | {'gone', why}
-RENEW = PRELUDE + r"""
+RENEW = (
+    PRELUDE
+    + r"""
 local now = clock(ARGV[1])
 local lk = P .. 'lease:' .. ARGV[2]
 local l = redis.call('HMGET', lk, 'token', 'expires', 'device')
@@ -174,26 +179,35 @@ redis.call('HSET', lk, 'expires', expires)
 redis.call('ZADD', P .. 'lease-expiry', expires, ARGV[2])
 return {'ok', expires}
 """
+)
 
 # ARGV: lease_id, token   -> 1 released | 0 not held
-RELEASE = PRELUDE + r"""
+RELEASE = (
+    PRELUDE
+    + r"""
 if redis.call('HGET', P .. 'lease:' .. ARGV[1], 'token') ~= ARGV[2] then return 0 end
 free(ARGV[1], 'released')
 return 1
 """
+)
 
 # ARGV: now|'', lease_id, token   -> 1 when the lease is held and current (the fencing check)
-CHECK = PRELUDE + r"""
+CHECK = (
+    PRELUDE
+    + r"""
 local now = clock(ARGV[1])
 local l = redis.call('HMGET', P .. 'lease:' .. ARGV[2], 'token', 'expires')
 if l[1] == ARGV[3] and tonumber(l[2]) >= now then return 1 end
 return 0
 """
+)
 
 # ARGV: now|'', agent, ttl_ms, host, host_budget (-1 none), devices JSON
 # (register and heartbeat are one idempotent call: capacities may change between beats; a
 # device offered by several agents, a render worker and a stream service, lives while any beats)
-REGISTER = PRELUDE + r"""
+REGISTER = (
+    PRELUDE
+    + r"""
 local now = clock(ARGV[1])
 local until_ms = now + tonumber(ARGV[3])
 redis.call('SET', P .. 'agent:' .. ARGV[2], 'alive', 'PX', ARGV[3])
@@ -216,3 +230,4 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
 end
 return 1
 """
+)

@@ -84,8 +84,10 @@ class LocalStorage:
         shutil.rmtree(self.path(key), ignore_errors=True)
 
 
-def tile_key(job_id: str, frame: int, index: int) -> str:
-    return f"jobs/{job_id}/tiles/{frame}/{index}.exr"
+def tile_key(job_id: str, frame: int, index: int, attempt: int) -> str:
+    # per attempt: a late upload from a holder that lost its lease never overwrites the
+    # output of the attempt that was committed
+    return f"jobs/{job_id}/tiles/{frame}/{index}-a{attempt}.exr"
 
 
 def frame_tiles_key(job_id: str, frame: int) -> str:

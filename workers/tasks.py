@@ -6,8 +6,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +13,13 @@ from typing import Any
 import redis
 
 from farm import keys
-from farm.errors import FarmError, RenderError
-from farm.jobstore import TILE_LEASE_S, JobStore
+from farm.devices import Device
+from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
+from farm.jobstore import JobStore
 from farm.models import OUTPUT_FORMATS, BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue
 from farm.settings import Settings
+from farm.slots import Lease, Request, SlotAllocator
 from farm.states import JobState
 from farm.storage import LocalStorage, frame_file_name, frame_tiles_key, place_file, tile_key
 from farm.tiling import TileGrid, TilePlan, plan_tiles
@@ -29,8 +29,9 @@ from workers.stitching import stitch
 
 log = logging.getLogger("tessera.worker")
 
-#: seconds between renewals of a rendering tile's lease
-RENEW_EVERY_S = TILE_LEASE_S / 3
+#: how long a worker waits for room on its device (a stream may hold it) before it hands the
+#: tile back to the queue, not counted as a failure
+LEASE_WAIT_S = 30.0
 
 
 @dataclass
@@ -44,6 +45,9 @@ class WorkerContext:
     queue: RenderQueue
     storage: LocalStorage
     child: BlenderChild
+    allocator: SlotAllocator
+    #: the device this worker is bound to (its render leases are taken there)
+    device: Device
     specs: dict[str, JobSpec] = field(default_factory=dict)
 
     @property
@@ -125,25 +129,46 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
     task = TileTask(job_id, frame, index, attempt)
     started = ctx.store.start_tile(task)
     if started != "ok":
-        log.info(
-            "event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
-            job_id,
-            frame,
-            index,
-            attempt,
-            started,
-        )
+        log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
+                 job_id, frame, index, attempt, started)  # fmt: skip
         return
     spec = ctx.spec(job_id)
-    grid = TileGrid.parse(spec.tiles)
-    plan = plan_tiles(spec.width, spec.height, grid, spec.overlap_px)[index]
-    scratch = ctx.scratch / f"{job_id}-{frame}-{index}-{attempt}.exr"
-    t0 = time.monotonic()
     try:
-        with _renewing(ctx.store, task):
+        lease = ctx.allocator.acquire(ctx.name, _render_request(ctx), wait_s=LEASE_WAIT_S)
+    except NoCapacity as exc:
+        _tile_failed(ctx, spec, task, exc.message, counts=False)
+        return
+    except FarmError as exc:
+        _tile_failed(ctx, spec, task, exc.message)
+        return
+    try:
+        _render_leased(ctx, spec, task, lease)
+    finally:
+        ctx.allocator.release(lease)
+
+
+def _render_request(ctx: WorkerContext) -> Request:
+    # VRAM (on the CPU device: host memory) the render reserves; the scene's own estimate
+    # replaces the floor once inspection reports one
+    return Request(
+        "render",
+        vram_mib=min(ctx.settings.render_vram_floor_mib, ctx.device.vram_mib),
+        render_slots=1,
+        device_ids=(ctx.device.id,),
+    )
+
+
+def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lease) -> None:
+    grid = TileGrid.parse(spec.tiles)
+    plan = plan_tiles(spec.width, spec.height, grid, spec.overlap_px)[task.index]
+    scratch = ctx.scratch / f"{task.job_id}-{task.frame}-{task.index}-{task.attempt}.exr"
+    t0 = time.monotonic()
+    renewal = _Renewal(ctx, task, lease)
+    try:
+        with renewal:
             result = ctx.child.render(
                 ctx.blend_path(spec.source),
-                frame=frame,
+                frame=task.frame,
                 width=spec.width,
                 height=spec.height,
                 rect=None if _whole(plan, spec) else plan.render,
@@ -151,30 +176,31 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
                 out_path=scratch,
                 timeout_s=spec.tile_timeout_s,
             )
-        ctx.storage.put(tile_key(job_id, frame, index), scratch, move=True)
+        ctx.storage.put(tile_key(task.job_id, task.frame, task.index, task.attempt), scratch,
+                        move=True)  # fmt: skip
     except FarmError as exc:
         scratch.unlink(missing_ok=True)
-        _tile_failed(ctx, spec, task, exc.message)
+        if renewal.lost is not None:
+            # preempted or paused past the lease: not the tile's fault
+            _tile_failed(ctx, spec, task, f"lease lost: {renewal.lost}", counts=False)
+        else:
+            _tile_failed(ctx, spec, task, exc.message)
         return
     except Exception as exc:
         scratch.unlink(missing_ok=True)
         _tile_failed(ctx, spec, task, f"internal error: {exc!r}")
         raise
     if result.get("autoexec_fail"):
-        ctx.conn.hset(keys.job(job_id), "scripts_blocked", 1)
-    outcome = ctx.store.finish_tile(task, grid.count)
-    log.info(
-        "event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f commit=%s",
-        job_id,
-        frame,
-        index,
-        attempt,
-        result.get("render_s", 0.0),
-        time.monotonic() - t0,
-        outcome,
-    )
+        ctx.conn.hset(keys.job(task.job_id), "scripts_blocked", 1)
+    outcome = ctx.store.finish_tile(task, grid.count, lease.id, lease.token)
+    if outcome == "fenced":
+        _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
+    log.info("event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f "
+             "commit=%s device=%s token=%d", task.job_id, task.frame, task.index, task.attempt,
+             result.get("render_s", 0.0), time.monotonic() - t0, outcome, lease.device,
+             lease.token)  # fmt: skip
     if outcome == "frame_ready":
-        ctx.queue.enqueue_assembly(job_id, frame, spec.tile_timeout_s)
+        ctx.queue.enqueue_assembly(task.job_id, task.frame, spec.tile_timeout_s)
 
 
 def _whole(plan: TilePlan, spec: JobSpec) -> bool:
@@ -182,47 +208,65 @@ def _whole(plan: TilePlan, spec: JobSpec) -> bool:
     return (r.x0, r.y0, r.x1, r.y1) == (0, 0, spec.width, spec.height)
 
 
-def _tile_failed(ctx: WorkerContext, spec: JobSpec, task: TileTask, reason: str) -> None:
-    outcome, next_attempt = ctx.store.fail_tile(task, reason, spec.max_attempts)
-    log.warning(
-        "event=tile_failed job=%s frame=%d tile=%d attempt=%d outcome=%s reason=%r",
-        task.job_id,
-        task.frame,
-        task.index,
-        task.attempt,
-        outcome,
-        reason,
-    )
+def _tile_failed(
+    ctx: WorkerContext, spec: JobSpec, task: TileTask, reason: str, counts: bool = True
+) -> None:
+    outcome, next_attempt = ctx.store.fail_tile(task, reason, spec.max_attempts, counts)
+    log.warning("event=tile_failed job=%s frame=%d tile=%d attempt=%d counts=%s outcome=%s "
+                "reason=%r", task.job_id, task.frame, task.index, task.attempt, counts, outcome,
+                reason)  # fmt: skip
     if outcome == "retry":
         retry = TileTask(task.job_id, task.frame, task.index, next_attempt)
         ctx.queue.stage_tiles([retry], spec.tile_timeout_s)
 
 
-@contextmanager
-def _renewing(store: JobStore, task: TileTask) -> Iterator[None]:
-    """Renew the tile's lease while the Blender child renders it."""
-    stop = threading.Event()
+class _Renewal:
+    """Renews the tile and its device lease while the Blender child renders.
 
-    def renew() -> None:
-        while not stop.wait(RENEW_EVERY_S):
+    When the lease is lost (a stream preempted it, or this process was paused past it) the
+    Blender child is killed at once: the tile's result could no longer be committed.
+    """
+
+    def __init__(self, ctx: WorkerContext, task: TileTask, lease: Lease) -> None:
+        self.ctx, self.task, self.lease = ctx, task, lease
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tile-lease", daemon=True)
+
+    @property
+    def every_s(self) -> float:
+        return min(self.ctx.store.tile_lease_s, self.ctx.allocator.ttl_ms / 1000) / 3
+
+    def __enter__(self) -> _Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
             try:
-                if not store.touch_tile(task):
-                    return
-            except FarmError:
+                self.lease = self.ctx.allocator.renew(self.lease)
+                if not self.ctx.store.touch_tile(self.task):
+                    self.lost = "the tile was taken over"
+            except LeaseLost as exc:
+                self.lost = str(exc.fields.get("why", exc.message))
+            except FarmError as exc:
                 log.warning(
-                    "event=renew_failed job=%s frame=%d tile=%d",
-                    task.job_id,
-                    task.frame,
-                    task.index,
+                    "event=renew_failed job=%s frame=%d tile=%d error=%r",
+                    self.task.job_id,
+                    self.task.frame,
+                    self.task.index,
+                    exc.message,
                 )
-
-    thread = threading.Thread(target=renew, name="tile-lease", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+                continue
+            if self.lost is not None:
+                log.warning("event=lease_lost job=%s frame=%d tile=%d why=%r", self.task.job_id,
+                            self.task.frame, self.task.index, self.lost)  # fmt: skip
+                self.ctx.child.kill()
+                return
 
 
 # --- frames ------------------------------------------------------------------------------------
@@ -249,7 +293,11 @@ def assemble_frame(job_id: str, frame: int) -> None:
 
 def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> None:
     plans = plan_tiles(spec.width, spec.height, TileGrid.parse(spec.tiles), spec.overlap_px)
-    tiles = [(p, exr.read_rgba(ctx.storage.path(tile_key(job_id, frame, p.index)))) for p in plans]
+    attempts = ctx.store.committed_attempts(job_id, frame, len(plans))
+    tiles = [
+        (p, exr.read_rgba(ctx.storage.path(tile_key(job_id, frame, p.index, a))))
+        for p, a in zip(plans, attempts, strict=True)
+    ]
     image = stitch(spec.width, spec.height, tiles)
     out_dir = Path(spec.output)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from farm import jobstore, queue
+from farm.agent import DeviceAgent
+from farm.devices import Device
 from farm.errors import DeviceUnavailable
+from farm.nvml import open_nvml
 from farm.settings import Settings
+from farm.slots import SlotAllocator
 from farm.storage import LocalStorage
 from workers import tasks
 from workers.child import BlenderChild
@@ -30,16 +35,6 @@ def serve(
     if child is None:
         child = BlenderChild.for_settings(settings, name)
         child.start(wait=False)
-    ctx = tasks.WorkerContext(
-        settings=settings,
-        name=name,
-        conn=jobstore.connect(settings.redis_url),
-        store=jobstore.JobStore(jobstore.connect(settings.redis_url)),
-        queue=queue.RenderQueue(queue.connect(settings.redis_url), settings.device),
-        storage=LocalStorage(settings.storage_dir),
-        child=child,
-    )
-    tasks.install(ctx)
     # Blender is ready before the worker takes work, so no tile pays for `import bpy`.
     child.wait_ready()
     if child.device_error:
@@ -48,9 +43,25 @@ def serve(
         raise DeviceUnavailable(
             f"worker {name} cannot render on {settings.device}: {child.device_error}"
         )
-    log.info(
-        "event=worker_ready worker=%s device=%s blender_pid=%s", name, settings.device, child.pid
+    allocator = SlotAllocator(jobstore.connect(settings.redis_url), ttl_s=settings.lease_ttl_s)
+    agent = _agent(settings, allocator, name, child)
+    ctx = tasks.WorkerContext(
+        settings=settings,
+        name=name,
+        conn=jobstore.connect(settings.redis_url),
+        store=jobstore.JobStore(
+            jobstore.connect(settings.redis_url), tile_lease_s=settings.lease_ttl_s
+        ),
+        queue=queue.RenderQueue(queue.connect(settings.redis_url), settings.device),
+        storage=LocalStorage(settings.storage_dir),
+        child=child,
+        allocator=allocator,
+        device=agent.devices[0],
     )
+    tasks.install(ctx)
+    agent.start()
+    log.info("event=worker_ready worker=%s device=%s device_id=%s blender_pid=%s", name,
+             settings.device, ctx.device.id, child.pid)  # fmt: skip
     try:
         queue.run_worker(
             queue.connect(settings.redis_url),
@@ -61,6 +72,30 @@ def serve(
             log_level=settings.log_level,
         )
     finally:
+        agent.stop()
         # The child holds nothing to save (every output is written atomically): skip
         # Blender's teardown.
         child.kill()
+
+
+def _agent(
+    settings: Settings, allocator: SlotAllocator, name: str, child: BlenderChild
+) -> DeviceAgent:
+    """The agent offering this worker's one device: its GPU, or the host's CPU device."""
+    nvml = open_nvml(settings.nvml) if settings.device == "gpu" else None
+    index = settings.gpu_index or 0
+
+    def mine(device: Device) -> bool:
+        return device.index is None if settings.device == "cpu" else device.index == index
+
+    agent = DeviceAgent(
+        settings,
+        allocator,
+        name,
+        nvml=nvml,
+        select=mine,
+        farm_pids=lambda: {os.getpid(), *([child.pid] if child.pid else [])},
+    )
+    if not agent.devices:
+        raise DeviceUnavailable(f"worker {name}: NVML reports no GPU {index} on this host")
+    return agent

@@ -1,0 +1,127 @@
+"""A device agent: offers this host's devices to the slot allocator, keeps them alive with
+heartbeats, marks faulty GPUs unavailable, and reconciles leases with what NVML sees."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from farm.devices import Device, host_devices, host_encoder_budget
+from farm.errors import FarmError, NvmlError
+from farm.nvml import GpuInfo, Nvml
+from farm.reconcile import Drift, DriftKind, LeaseView, reconcile
+from farm.settings import Settings
+from farm.slots import DeviceOffer, SlotAllocator
+
+log = logging.getLogger("tessera.agent")
+
+
+class DeviceAgent:
+    """One process's claim on some of the host's devices (a render worker: its one device)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        allocator: SlotAllocator,
+        name: str,
+        *,
+        nvml: Nvml | None,
+        select: Callable[[Device], bool] = lambda _d: True,
+        farm_pids: Callable[[], set[int]] = set,
+        hostname: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.allocator = allocator
+        self.name = name
+        self.nvml = nvml
+        self.farm_pids = farm_pids
+        self.devices = [d for d in host_devices(settings, nvml, hostname) if select(d)]
+        self.budget = host_encoder_budget(settings, self.devices)
+        self.drifts: list[Drift] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def interval_s(self) -> float:
+        # three beats per timeout: one lost beat never drops the devices
+        return self.settings.agent_timeout_s / 3
+
+    def offers(self) -> list[DeviceOffer]:
+        """The devices as they are now: a GPU NVML cannot read is offered as unavailable."""
+        gpus: list[GpuInfo] = []
+        faults: dict[str, str] = {}
+        for device in self.devices:
+            if device.index is None or self.nvml is None:
+                continue
+            try:
+                gpus.append(self.nvml.device(device.index))
+            except NvmlError as exc:
+                faults[device.id] = exc.message
+        self.drifts = self._reconcile(gpus) if gpus else []
+        offers = []
+        for device in self.devices:
+            unexplained = sum(
+                d.excess for d in self.drifts
+                if d.device_id == device.id and d.kind is DriftKind.MEMORY
+            )  # fmt: skip
+            offers.append(
+                DeviceOffer(
+                    id=device.id,
+                    device_class=device.device_class,
+                    model=device.model,
+                    vram_mib=device.vram_mib,
+                    encoder_sessions=device.encoder_sessions,
+                    render_slots=device.render_slots,
+                    available=device.id not in faults,
+                    unavailable_reason=faults.get(device.id, ""),
+                    unexplained_vram_mib=unexplained,
+                )
+            )
+        return offers
+
+    def _reconcile(self, gpus: list[GpuInfo]) -> list[Drift]:
+        leases: dict[str, LeaseView] = {}
+        for state in self.allocator.devices():
+            leases[state.id] = LeaseView(
+                state.used_vram_mib, state.used_encoder_sessions, len(state.leases)
+            )
+        # only this agent's GPUs: another agent's devices are not ours to judge
+        mine = [d for d in self.devices if d.index is not None]
+        drifts = reconcile(mine, leases, gpus, self.farm_pids())
+        for drift in drifts:
+            log.warning("event=drift agent=%s device=%s kind=%s expected=%d observed=%d msg=%r",
+                        self.name, drift.device_id, drift.kind, drift.expected, drift.observed,
+                        drift.message)  # fmt: skip
+        return drifts
+
+    def beat(self) -> None:
+        """Register (again): capacities, availability and unexplained use, alive for a timeout."""
+        self.allocator.register(
+            self.name,
+            self.devices[0].host,
+            self.offers(),
+            ttl_s=self.settings.agent_timeout_s,
+            host_encoder_budget=self.budget,
+        )
+
+    def start(self) -> None:
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="device-agent", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except FarmError as exc:
+                # Redis away or NVML failing as a whole: keep trying; the pool drops our devices
+                # if this lasts past the timeout, which is what should happen
+                log.warning("event=heartbeat_failed agent=%s error=%r", self.name, exc.message)
+            except Exception:
+                log.exception("event=heartbeat_failed agent=%s", self.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
