@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -77,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("job")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("gpus", help="devices in the pool: capacity, use and leases")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser(
@@ -262,6 +266,41 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
         child.kill()
 
 
+def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
+    from farm.slots import SlotAllocator
+
+    allocator = SlotAllocator(jobstore.connect(settings.redis_url), ttl_s=settings.lease_ttl_s)
+    devices = allocator.devices()
+    if args.json:
+        return [dataclasses.asdict(d) for d in devices]
+    if not devices:
+        print("no devices registered: start a worker (`farm worker`) or `farm up`")
+        return None
+    print(
+        f"{'DEVICE':<28} {'CLASS':<8} {'HOST':<16} {'STATE':<12} {'VRAM MiB':>15} "
+        f"{'ENC':>7} {'SLOTS':>7} {'LEASES':>6}"
+    )
+    for d in devices:
+        state = "ok" if d.alive and d.available else ("silent" if not d.alive else "unavailable")
+        print(
+            f"{d.id[:28]:<28} {d.device_class:<8} {d.host[:16]:<16} {state:<12} "
+            f"{d.used_vram_mib:>7}/{d.vram_mib:<7} {d.used_encoder_sessions:>3}/"
+            f"{d.encoder_sessions:<3} {d.used_render_slots:>3}/{d.render_slots:<3} "
+            f"{len(d.leases):>6}"
+        )
+        if d.unavailable_reason:
+            print(f"    unavailable: {d.unavailable_reason}")
+        if d.unexplained_vram_mib:
+            print(f"    {d.unexplained_vram_mib} MiB in use that no lease explains (held back)")
+        for lease in d.leases:
+            print(
+                f"    {lease.get('kind', '?'):<6} {lease.get('holder', '?'):<30} "
+                f"vram {lease.get('vram', 0)} MiB, enc {lease.get('enc', 0)}, "
+                f"slots {lease.get('slots', 0)}, token {lease.get('token', '?')}"
+            )
+    return None
+
+
 COMMANDS = {
     "render": cmd_render,
     "submit": cmd_submit,
@@ -269,4 +308,5 @@ COMMANDS = {
     "watch": cmd_watch,
     "cancel": cmd_cancel,
     "worker": cmd_worker,
+    "gpus": cmd_gpus,
 }

@@ -6,21 +6,19 @@ import io
 import itertools
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from farm import embedded, jobstore, queue, submission
+from farm import embedded, submission
 from farm.errors import JobFailed, MissingFiles
 from farm.settings import Settings
-from farm.storage import LocalStorage
 from tests.blendscenes import make_scene
 from tests.conftest import TESTDATA
+from tests.farmprocs import WorkerProcess, submit, wait_for
 from workers import exr
 from workers.child import BlenderChild
 
@@ -148,87 +146,16 @@ def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _descendants(pid: int) -> list[int]:
-    out = []
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        out.append(int(child))
-        out.extend(_descendants(int(child)))
-    return out
-
-
-class WorkerProcess:
-    """A real `farm worker` process against the test session's redis-server."""
-
-    def __init__(self, redis_url: str, tmp: Path, **env: str) -> None:
-        self.env = {
-            **os.environ,
-            "FARM_REDIS_URL": redis_url,
-            "FARM_STORAGE_DIR": str(tmp / "storage"),
-            "FARM_WORK_DIR": str(tmp / "work"),
-            **env,
-        }
-        self.settings = Settings.from_env(self.env)
-        self.log = (tmp / "worker.log").open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "farm", "worker", "--name", "w1"],
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def blender_pid(self, timeout_s: float = 60) -> int:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            kids = [
-                p
-                for p in _descendants(self.proc.pid)
-                if b"blender_child" in Path(f"/proc/{p}/cmdline").read_bytes()
-            ]
-            if kids:
-                return kids[0]
-            time.sleep(0.05)
-        raise AssertionError("the worker never started its Blender child")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
-        self.log.close()
-
-
-def _submit(
-    w: WorkerProcess, blend: Path, tmp: Path, **kw: object
-) -> tuple[jobstore.JobStore, str]:
-    settings = w.settings
-    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
-    rq_conn = queue.connect(settings.redis_url)
-    q = queue.RenderQueue(rq_conn, "cpu")
-    source = LocalStorage(settings.storage_dir).put_upload(blend)
-    req = submission.RenderRequest(output=tmp / "o", formats="exr", **kw)  # type: ignore[arg-type]
-    report = submission.inspect(store.conn, q, source, 120)
-    spec, warnings = submission.plan_job(req, report, source)
-    return store, submission.submit(rq_conn, store, q, spec, warnings, False)
-
-
-def _wait_for(store: jobstore.JobStore, job_id: str, pred: object, timeout_s: float = 120) -> None:
-    deadline, after = time.monotonic() + timeout_s, "0"
-    while time.monotonic() < deadline:
-        for event in store.events(job_id, after, block_ms=500):
-            after = event.id
-            if pred(event):  # type: ignore[operator]
-                return
-    raise AssertionError("event did not come in time")
-
-
 def test_a_blender_child_killed_mid_tile_fails_that_tile_and_the_worker_goes_on(
     redis_url: str, slow_scene: Path, tmp_path: Path
 ) -> None:
     w = WorkerProcess(redis_url, tmp_path)
     try:
-        store, job_id = _submit(w, slow_scene, tmp_path, tiles="2x1", samples=2000)
-        _wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="2x1", samples=2000)
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
         os.kill(w.blender_pid(), signal.SIGABRT)
         retried = []
-        _wait_for(
+        wait_for(
             store,
             job_id,
             lambda e: (
@@ -239,7 +166,7 @@ def test_a_blender_child_killed_mid_tile_fails_that_tile_and_the_worker_goes_on(
             ),
         )
         assert "SIGABRT" in retried[0]
-        _wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 240)
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 240)
         status = store.status(job_id)
         assert (status.tile_failures, status.tiles_done) == (1, 2)
         assert w.proc.poll() is None, "the worker must survive its Blender child"
@@ -252,10 +179,16 @@ def test_a_tile_past_its_time_limit_is_killed_and_exhausted_retries_fail_the_job
 ) -> None:
     w = WorkerProcess(redis_url, tmp_path, FARM_TILE_TIMEOUT_S="1", FARM_MAX_ATTEMPTS="2")
     try:
-        store, job_id = _submit(
-            w, slow_scene, tmp_path, tiles="1x1", samples=20000, max_attempts=2, tile_timeout_s=1.0
+        store, job_id = submit(
+            w.settings,
+            slow_scene,
+            tmp_path,
+            tiles="1x1",
+            samples=20000,
+            max_attempts=2,
+            tile_timeout_s=1.0,
         )
-        _wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "failed", 120)
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "failed", 120)
         status = store.status(job_id)
         assert status.tile_failures == 2
         assert "failed after 2 attempt(s)" in status.reason and "1 s" in status.reason

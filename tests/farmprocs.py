@@ -1,0 +1,103 @@
+"""Test helpers that run real farm processes: a `farm worker` against the test redis-server,
+job submission as `farm submit` does it, and waiting for a job's events."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from farm import jobstore, queue, submission
+from farm.models import Event
+from farm.settings import Settings
+from farm.storage import LocalStorage
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    out = []
+    for child in kids:
+        out.append(int(child))
+        out.extend(descendants(int(child)))
+    return out
+
+
+class WorkerProcess:
+    """A real `farm worker` process against the test session's redis-server."""
+
+    def __init__(self, redis_url: str, tmp: Path, name: str = "w1", **env: str) -> None:
+        self.name = name
+        self.env = {
+            **os.environ,
+            "FARM_REDIS_URL": redis_url,
+            "FARM_STORAGE_DIR": str(tmp / "storage"),
+            "FARM_WORK_DIR": str(tmp / "work"),
+            **env,
+        }
+        self.settings = Settings.from_env(self.env)
+        self.log_path = tmp / f"{name}.log"
+        self.log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "farm", "worker", "--name", name],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def blender_pid(self, timeout_s: float = 60) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            kids = [
+                p
+                for p in descendants(self.proc.pid)
+                if b"blender_child" in Path(f"/proc/{p}/cmdline").read_bytes()
+            ]
+            if kids:
+                return kids[0]
+            time.sleep(0.05)
+        raise AssertionError("the worker never started its Blender child")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self.log.close()
+
+
+def submit(
+    settings: Settings, blend: Path, tmp: Path, **kw: object
+) -> tuple[jobstore.JobStore, str]:
+    """Upload, inspect (a worker must be running) and queue a job, as `farm submit` does."""
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    rq_conn = queue.connect(settings.redis_url)
+    q = queue.RenderQueue(rq_conn, "cpu")
+    source = LocalStorage(settings.storage_dir).put_upload(blend)
+    req = submission.RenderRequest(output=tmp / "o", formats="exr", **kw)  # type: ignore[arg-type]
+    report = submission.inspect(store.conn, q, source, 120)
+    spec, warnings = submission.plan_job(req, report, source)
+    return store, submission.submit(rq_conn, store, q, spec, warnings, False)
+
+
+def wait_for(
+    store: jobstore.JobStore,
+    job_id: str,
+    pred: Callable[[Event], object],
+    timeout_s: float = 120,
+) -> Event:
+    """The first event of the job (from its start) for which ``pred`` holds."""
+    deadline, after = time.monotonic() + timeout_s, "0"
+    while time.monotonic() < deadline:
+        for event in store.events(job_id, after, block_ms=500):
+            after = event.id
+            if pred(event):
+                return event
+    raise AssertionError(f"no such event of job {job_id} within {timeout_s} s")

@@ -1,0 +1,209 @@
+"""The slot allocator in the running farm: agents, NVML faults, fencing and preemption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from farm.agent import DeviceAgent
+from farm.errors import LeaseLost, NoCapacity
+from farm.fakenvml import FakeNvml
+from farm.settings import Settings
+from farm.slots import Request, SlotAllocator
+from tests.blendscenes import make_scene
+from tests.farmprocs import WorkerProcess, submit, wait_for
+from workers import exr
+from workers.child import BlenderChild
+
+
+def until(pred: Callable[[], object], timeout_s: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not hold within {timeout_s} s")
+
+
+@pytest.fixture
+def allocator(redis_url: str) -> SlotAllocator:
+    return SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=5)
+
+
+# --- agents ------------------------------------------------------------------------------------
+
+
+def test_an_agent_that_stops_beating_takes_its_devices_out_of_the_pool(
+    allocator: SlotAllocator,
+) -> None:
+    settings = Settings().with_(nvml="fake:t4,l4", agent_timeout_s=0.5)
+    agent = DeviceAgent(settings, allocator, "host-a", nvml=FakeNvml(["t4", "l4"]))
+    agent.beat()  # registered once, then silent
+    lease = allocator.acquire("s", Request("stream", vram_mib=1000, encoder_sessions=1))
+    assert {d.id for d in allocator.devices() if d.alive} == {d.id for d in agent.devices}
+    until(lambda: not any(d.alive for d in allocator.devices()), 5, "the devices leaving")
+    with pytest.raises(NoCapacity):
+        allocator.acquire("s2", Request("stream", encoder_sessions=1))
+    with pytest.raises(LeaseLost) as lost:
+        allocator.renew(lease)
+    assert "agent stopped answering" in lost.value.message
+    assert all(d.used_encoder_sessions == 0 for d in allocator.devices())
+
+
+def test_a_beating_agent_keeps_its_devices(allocator: SlotAllocator) -> None:
+    settings = Settings().with_(agent_timeout_s=0.6)
+    agent = DeviceAgent(settings, allocator, "host-b", nvml=FakeNvml(["l4"]))
+    agent.start()
+    try:
+        lease = allocator.acquire("s", Request("stream", encoder_sessions=2))
+        time.sleep(1.5)  # longer than the timeout: only the heartbeats keep the device in
+        assert all(d.alive for d in allocator.devices())
+        allocator.renew(lease)
+    finally:
+        agent.stop()
+
+
+def test_nvml_faults_mark_the_device_unavailable_and_the_agent_keeps_running(
+    allocator: SlotAllocator,
+) -> None:
+    nvml = FakeNvml(["t4", "l4"])
+    settings = Settings().with_(agent_timeout_s=0.3)
+    agent = DeviceAgent(settings, allocator, "host-c", nvml=nvml)
+    agent.start()
+    try:
+        t4, l4 = agent.devices
+        nvml.lose(0)
+        until(lambda: not _state(allocator, t4.id).available, 5, "the lost GPU leaving")
+        assert "lost" in _state(allocator, t4.id).unavailable_reason.lower()
+        # streams go to the healthy GPU only
+        for _ in range(3):
+            assert allocator.acquire("s", Request("stream", encoder_sessions=1)).device == l4.id
+        nvml.fail_next(6)  # NVML errors on every query for a while
+        until(lambda: not _state(allocator, l4.id).available, 5, "the failing GPU leaving")
+        until(lambda: _state(allocator, l4.id).available, 5, "the GPU coming back")
+        assert agent._thread is not None and agent._thread.is_alive()
+    finally:
+        agent.stop()
+
+
+def _state(allocator: SlotAllocator, device_id: str):  # type: ignore[no-untyped-def]
+    return next(d for d in allocator.devices() if d.id == device_id)
+
+
+# --- the render worker under the allocator ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_scene(tmp_path_factory.mktemp("alloc") / "slow.blend", width=96, height=54)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild]:
+    with BlenderChild(python=sys.executable, work_dir=tmp_path_factory.mktemp("ref")) as child:
+        yield child
+
+
+SLOW_SAMPLES = 3000
+
+
+def _reference(child: BlenderChild, blend: Path, out: Path) -> np.ndarray:
+    child.render(blend, frame=1, width=96, height=54, rect=None, samples=SLOW_SAMPLES,
+                 out_path=out, timeout_s=300)  # fmt: skip
+    return exr.read_rgba(out)
+
+
+def test_renders_hold_leases_and_farm_gpus_shows_the_device(
+    redis_url: str, tmp_path: Path, slow_scene: Path
+) -> None:
+    w = WorkerProcess(redis_url, tmp_path)
+    try:
+        alloc = SlotAllocator(redis.Redis.from_url(redis_url))
+        until(lambda: alloc.devices(), 60, "the worker registering its device")
+        store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="2x1", samples=400)
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        until(lambda: any(d.leases for d in alloc.devices()), 30, "a render lease")
+        out = subprocess.run([sys.executable, "-m", "farm", "gpus", "--json"], env=w.env,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        (device,) = json.loads(out)
+        assert device["device_class"] == "cpu" and device["alive"]
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done")
+        until(lambda: not alloc.devices()[0].leases, 10, "the lease released")
+        table = subprocess.run([sys.executable, "-m", "farm", "gpus"], env=w.env,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert device["id"][:28] in table and " ok " in table
+        assert "token=" in w.log_text()
+    finally:
+        w.stop()
+
+
+def test_a_worker_paused_past_its_lease_cannot_commit_and_the_takeover_output_counts(
+    redis_url: str, tmp_path: Path, slow_scene: Path, reference: BlenderChild
+) -> None:
+    env = {"FARM_LEASE_TTL_S": "2", "FARM_CPU_RENDER_SLOTS": "2", "FARM_CPU_THREADS": "1"}
+    a = WorkerProcess(redis_url, tmp_path, "paused", **env)
+    b: WorkerProcess | None = None
+    try:
+        store, job_id = submit(a.settings, slow_scene, tmp_path, tiles="1x1",
+                               samples=SLOW_SAMPLES)  # fmt: skip
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        os.kill(a.proc.pid, signal.SIGSTOP)  # a GC pause, a network cut: the lease runs out
+        b = WorkerProcess(redis_url, tmp_path, "takeover", **env)
+        requeued = wait_for(store, job_id, lambda e: e.state == "queued" and bool(e.message), 60)
+        assert "stopped answering" in requeued.message and requeued.attempt == 2
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 180)
+        os.kill(a.proc.pid, signal.SIGCONT)
+        # the paused worker wakes up, finds its lease gone, and commits nothing
+        until(lambda: "frame=1 tile=0 attempt=1" in a.log_text()
+              and ("commit=stale" in a.log_text() or "commit=fenced" in a.log_text()
+                   or "lease_lost" in a.log_text()), 60, "the paused worker giving up")  # fmt: skip
+        assert "commit=ok" not in a.log_text() and "commit=frame_ready" not in a.log_text()
+        assert "attempt=2" in b.log_text() and "commit=frame_ready" in b.log_text()
+        assert store.tile_attempt(job_id, 1, 0) == 2
+        frame = exr.read_rgba(tmp_path / "o" / "frame_0001.exr")
+        assert np.array_equal(frame, _reference(reference, slow_scene, tmp_path / "ref.exr"))
+    finally:
+        with_pid = a.proc.pid
+        if a.proc.poll() is None:
+            os.kill(with_pid, signal.SIGCONT)
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def test_a_stream_preempts_a_render_and_the_tile_is_requeued_not_failed(
+    redis_url: str, tmp_path: Path, slow_scene: Path, reference: BlenderChild
+) -> None:
+    # the CPU device has room for the render (1024 MiB) or the stream (1000 MiB), not both
+    env = {"FARM_LEASE_TTL_S": "1.5", "FARM_RENDER_VRAM_FLOOR_MIB": "1024",
+           "FARM_DEVICE_OVERRIDES": json.dumps({"cpu": {"vram_mib": 1500}})}  # fmt: skip
+    w = WorkerProcess(redis_url, tmp_path, **env)
+    try:
+        store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="1x1",
+                               samples=SLOW_SAMPLES)  # fmt: skip
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        alloc = SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=30)
+        stream = alloc.acquire(
+            "stream-1", Request("stream", vram_mib=1000, encoder_sessions=1, preempt=True)
+        )
+        assert stream.revoked_others == 1
+        requeued = wait_for(store, job_id, lambda e: e.state == "queued" and bool(e.message), 30)
+        assert "preempted by a stream" in requeued.message
+        alloc.release(stream)
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 180)
+        status = store.status(job_id)
+        assert status.tile_failures == 0, "a preempted tile is not a failed tile"
+        frame = exr.read_rgba(tmp_path / "o" / "frame_0001.exr")
+        assert np.array_equal(frame, _reference(reference, slow_scene, tmp_path / "ref.exr"))
+    finally:
+        w.stop()
