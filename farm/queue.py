@@ -7,7 +7,7 @@ farm's job store is (``farm.jobstore``); rq only carries the work to a worker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -24,7 +24,8 @@ INSPECT_TASK = "workers.tasks.inspect_blend"
 
 #: how long rq keeps a failed task's traceback (the farm keeps its own record of failures)
 FAILURE_TTL_S = 24 * 3600
-#: seconds between a worker's maintenance passes (rq registries, the farm's recovery sweep)
+#: seconds between a worker's passes over rq's registries (the farm's own recovery sweep runs
+#: on its own thread, see workers.worker)
 MAINTENANCE_INTERVAL_S = 10
 #: a worker's heartbeat TTL; rq waits for new work this long minus 15 s per blocking pop
 WORKER_TTL_S = 35
@@ -94,22 +95,17 @@ class RenderQueue:
     def depth(self) -> int:
         return int(self.queue.count)
 
-    def has_task(self, rq_id: str) -> bool:
-        return bool(_guard(Job.exists, rq_id, connection=self.conn))
+    def missing(self, tasks: Sequence[TileTask]) -> list[TileTask]:
+        """The tile attempts that have no task in rq (lost between a state change and a push)."""
+        pipe = self.conn.pipeline(transaction=False)
+        for t in tasks:
+            pipe.exists(Job.key_for(t.rq_id))
+        found = _guard(pipe.execute) if tasks else []
+        return [t for t, exists in zip(tasks, found, strict=True) if not exists]
 
 
 class _FarmWorker(SimpleWorker):
     """rq's in-process worker (no fork per job: the Blender child must outlive each tile)."""
-
-    maintenance_hook: Callable[[], None] | None = None
-
-    def run_maintenance_tasks(self) -> None:
-        super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
-        if self.maintenance_hook is not None:
-            try:
-                self.maintenance_hook()
-            except Exception:  # a failed sweep must not stop the worker; the next one retries
-                self.log.exception("farm maintenance failed")
 
 
 def run_worker(
@@ -118,7 +114,6 @@ def run_worker(
     name: str,
     *,
     burst: bool = False,
-    maintenance: Callable[[], None] | None = None,
     log_level: str = "INFO",
 ) -> None:
     """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty."""
@@ -130,7 +125,6 @@ def run_worker(
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
-    worker.maintenance_hook = maintenance
     logging.getLogger("rq.worker").setLevel(log_level)
     _guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
 

@@ -66,6 +66,8 @@ local any_class, any_id = next(classes) == nil, next(ids) == nil
 local best, best_score, best_f = nil, nil, nil
 local ever = false
 local victims_of = {}
+-- host -> whether its encoder budget has room for this request (devices share hosts)
+local host_room = {}
 local devices = redis.call('SMEMBERS', P .. 'devices')
 table.sort(devices)
 for _, d in ipairs(devices) do
@@ -77,6 +79,8 @@ for _, d in ipairs(devices) do
   if not alive then
     for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
       free(id, "revoked: the device's agent stopped answering")
+      -- freeing gave encoder sessions back to a host: read its budget again
+      host_room = {}
     end
   end
   local cap_v, cap_e, cap_s = tonumber(f[4]), tonumber(f[5]), tonumber(f[6])
@@ -88,9 +92,13 @@ for _, d in ipairs(devices) do
     local fs = cap_s - tonumber(f[9])
     local host_ok = true
     if enc > 0 then
-      local hb = redis.call('HMGET', P .. 'host:' .. f[2], 'budget', 'used_enc')
-      local budget = tonumber(hb[1] or '-1')
-      if budget >= 0 and tonumber(hb[2] or '0') + enc > budget then host_ok = false end
+      host_ok = host_room[f[2]]
+      if host_ok == nil then
+        local hb = redis.call('HMGET', P .. 'host:' .. f[2], 'budget', 'used_enc')
+        local budget = tonumber(hb[1] or '-1')
+        host_ok = budget < 0 or tonumber(hb[2] or '0') + enc <= budget
+        host_room[f[2]] = host_ok
+      end
     end
     if host_ok and fv >= vram and fe >= enc and fs >= slots then
       local score

@@ -114,7 +114,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild
         yield child
 
 
-SLOW_SAMPLES = 3000
+SLOW_SAMPLES = 1500
 
 
 def _reference(child: BlenderChild, blend: Path, out: Path) -> np.ndarray:

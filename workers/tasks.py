@@ -75,7 +75,7 @@ class WorkerContext:
         for job_id in self.store.active_job_ids():
             spec = self.spec(job_id)
             found = self.store.recover(job_id, spec.max_attempts)
-            lost = [t for t in self.store.queued_tasks(job_id) if not self.queue.has_task(t.rq_id)]
+            lost = self.queue.missing(self.store.queued_tasks(job_id))
             for t in found.tiles:
                 log.warning(
                     "event=tile_requeued job=%s frame=%d tile=%d attempt=%d reason=worker_lost",

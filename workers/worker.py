@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 
 from farm import jobstore, queue
 from farm.agent import DeviceAgent
@@ -60,6 +62,8 @@ def serve(
     )
     tasks.install(ctx)
     agent.start()
+    sweeper = _Sweeper(ctx.sweep, every_s=settings.lease_ttl_s)
+    sweeper.start()
     log.info("event=worker_ready worker=%s device=%s device_id=%s blender_pid=%s", name,
              settings.device, ctx.device.id, child.pid)  # fmt: skip
     try:
@@ -68,14 +72,42 @@ def serve(
             settings.device,
             name,
             burst=burst,
-            maintenance=ctx.sweep,
             log_level=settings.log_level,
         )
     finally:
+        sweeper.stop()
         agent.stop()
         # The child holds nothing to save (every output is written atomically): skip
         # Blender's teardown.
         child.kill()
+
+
+class _Sweeper:
+    """Runs the recovery sweep every lease period on its own thread.
+
+    Not in rq's loop: an idle rq worker blocks on its queue for up to its dequeue timeout,
+    and a tile whose worker vanished should be requeued about one lease period after.
+    """
+
+    def __init__(self, sweep: Callable[[], None], every_s: float) -> None:
+        self.sweep = sweep
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="recovery-sweep", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.sweep()
+            except Exception:  # a failed sweep must not stop the worker; the next one retries
+                log.exception("event=sweep_failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _agent(
