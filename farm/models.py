@@ -83,6 +83,8 @@ class JobSpec:
     max_attempts: int = 3
     tile_timeout_s: float = 1800.0
     priority: int = 0
+    #: device memory a tile reserves, estimated at inspection (the worker applies its floor)
+    vram_mib: int = 0
     v: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
@@ -148,6 +150,8 @@ class InspectionReport:
     autoexec_fail_message: str
     wants_scripts: bool
     scripts: list[str]
+    #: coarse device memory the scene needs (geometry, textures, buffers); 0 when unknown
+    vram_estimate_mib: int = 0
     v: int = SCHEMA_VERSION
 
     @classmethod

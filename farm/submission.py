@@ -141,6 +141,7 @@ def plan_job(
         device=req.device,
         max_attempts=req.max_attempts,
         tile_timeout_s=req.tile_timeout_s,
+        vram_mib=report.vram_estimate_mib,
     )
     return spec, warnings
 

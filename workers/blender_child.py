@@ -452,7 +452,43 @@ def _inspect(path: str) -> dict[str, Any]:
         "autoexec_fail_message": bpy.app.autoexec_fail_message or "",
         "wants_scripts": autoexec_fail or bool(scripts),
         "scripts": scripts,
+        "vram_estimate_mib": _vram_estimate_mib(scene),
     }
+
+
+#: what Cycles holds per triangle (geometry plus BVH) and per vertex, in bytes, and what a
+#: device context costs before any scene data: coarse figures, so the floor stays the minimum
+_BYTES_PER_TRIANGLE = 160
+_BYTES_PER_VERTEX = 32
+_BYTES_PER_PIXEL_BUFFERS = 64
+_CONTEXT_MIB = 300
+
+
+def _vram_estimate_mib(scene: Any) -> int:
+    """A coarse device-memory estimate: geometry, textures and render buffers of the scene."""
+    import numpy as np
+
+    total = 0
+    seen: set[str] = set()
+    for obj in scene.objects:
+        mesh = obj.data if obj.type == "MESH" else None
+        if mesh is None or mesh.name in seen:
+            continue
+        seen.add(mesh.name)
+        loop_totals = np.empty(len(mesh.polygons), dtype=np.int32)
+        mesh.polygons.foreach_get("loop_total", loop_totals)
+        triangles = int((loop_totals - 2).clip(min=0).sum())
+        total += triangles * _BYTES_PER_TRIANGLE + len(mesh.vertices) * _BYTES_PER_VERTEX
+    for image in bpy.data.images:
+        width, height = image.size[:]
+        channels = image.channels or 4
+        total += width * height * channels * (4 if image.is_float else 1)
+    render = scene.render
+    pixels = (render.resolution_x * render.resolution_percentage // 100) * (
+        render.resolution_y * render.resolution_percentage // 100
+    )
+    total += pixels * _BYTES_PER_PIXEL_BUFFERS
+    return int(_CONTEXT_MIB + total // (1024 * 1024))
 
 
 # --- the loop ----------------------------------------------------------------------------------

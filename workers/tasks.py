@@ -134,7 +134,7 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         return
     spec = ctx.spec(job_id)
     try:
-        lease = ctx.allocator.acquire(ctx.name, _render_request(ctx), wait_s=LEASE_WAIT_S)
+        lease = ctx.allocator.acquire(ctx.name, _render_request(ctx, spec), wait_s=LEASE_WAIT_S)
     except NoCapacity as exc:
         _tile_failed(ctx, spec, task, exc.message, counts=False)
         return
@@ -147,12 +147,13 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         ctx.allocator.release(lease)
 
 
-def _render_request(ctx: WorkerContext) -> Request:
-    # VRAM (on the CPU device: host memory) the render reserves; the scene's own estimate
-    # replaces the floor once inspection reports one
+def _render_request(ctx: WorkerContext, spec: JobSpec) -> Request:
+    # device memory (on the CPU device: host memory) the render reserves: the scene's estimate
+    # from inspection, never below the configured floor, never above the device
+    wanted = max(spec.vram_mib, ctx.settings.render_vram_floor_mib)
     return Request(
         "render",
-        vram_mib=min(ctx.settings.render_vram_floor_mib, ctx.device.vram_mib),
+        vram_mib=min(wanted, ctx.device.vram_mib),
         render_slots=1,
         device_ids=(ctx.device.id,),
     )

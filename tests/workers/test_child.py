@@ -438,3 +438,12 @@ def test_convert_applies_the_scenes_view_transform(
 
     assert (out / "frame16.png").read_bytes()[24] == 16  # IHDR bit depth
     assert np.array_equal(read_rgba(out / "frame.exr"), full_frame)
+
+
+def test_inspection_estimates_device_memory_from_the_scene(child: BlenderChild, work: Path) -> None:
+    small = child.inspect(make_scene(work / "est-small.blend"), TIMEOUT_S)["vram_estimate_mib"]
+    big_frame = make_scene(work / "est-big.blend", width=4000, height=4000)
+    big = child.inspect(big_frame, TIMEOUT_S)["vram_estimate_mib"]
+    assert 300 <= small < 400  # a device context and a tiny scene
+    # 16 M pixels of render buffers at 64 bytes each
+    assert big - small >= 900
