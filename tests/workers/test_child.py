@@ -212,6 +212,7 @@ def test_inspect_reports_a_generated_scene(child: BlenderChild, work: Path) -> N
         adaptive=True, camera=False, missing_texture=True,
     )  # fmt: skip
     report = child.inspect(blend, TIMEOUT_S)
+    assert 300 <= report.pop("vram_estimate_mib") < 400
     assert report == {
         "path": str(blend),
         "version": "5.0",
