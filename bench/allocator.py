@@ -26,6 +26,7 @@ operations under the same contention, not the server's capacity.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -43,6 +44,7 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from farm import slotscripts  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.slots import DeviceOffer, Request, SlotAllocator  # noqa: E402
 
@@ -274,6 +276,45 @@ def run_client_count(
     return figures
 
 
+def script_exec_us(conn: redis.Redis, pairs: int = 1000) -> dict[str, float]:
+    """Median time redis-server spends inside each script (SLOWLOG, us), from one client.
+
+    This is the part of an operation no client or transport can hide: with one client it adds
+    to every round trip, with many it is what the single-threaded server spends per operation.
+    """
+    register_pool(conn)
+    alloc = SlotAllocator(conn, ttl_s=LEASE_TTL_S)
+    trivial = conn.register_script("return 1")
+    names = {
+        hashlib.sha1(slotscripts.ACQUIRE.encode()).hexdigest(): "acquire",
+        hashlib.sha1(slotscripts.RELEASE.encode()).hexdigest(): "release",
+        trivial.sha: "evalsha_return_1",
+    }
+    before = {
+        name: str(conn.config_get(name)[name])
+        for name in ("slowlog-max-len", "slowlog-log-slower-than")
+    }
+    conn.config_set("slowlog-max-len", 4 * pairs)
+    conn.config_set("slowlog-log-slower-than", 0)
+    conn.slowlog_reset()
+    try:
+        for i in range(pairs):
+            alloc.release(alloc.acquire("profile", REQUESTS[i % len(REQUESTS)]))
+            trivial()
+        entries = conn.slowlog_get(4 * pairs)
+    finally:
+        for name, value in before.items():
+            conn.config_set(name, value)
+    durations: dict[str, list[float]] = {name: [] for name in names.values()}
+    for entry in entries:
+        words = entry["command"].split()
+        if len(words) > 1 and words[0].upper() == b"EVALSHA":
+            script = names.get(words[1].decode())
+            if script is not None:
+                durations[script].append(float(entry["duration"]))
+    return {name: statistics.median(values) for name, values in durations.items()}
+
+
 def register_pool(conn: redis.Redis) -> None:
     conn.flushall()
     alloc = SlotAllocator(conn)
@@ -344,7 +385,12 @@ def main() -> None:
                     check_pool_idle(conn)
                     results[transport][str(clients)] = figures
                     print_table(transport, clients, figures)
+            exec_us = script_exec_us(conn)
             conn.close()
+    print(
+        "time inside redis-server per call (SLOWLOG median, 1 client): "
+        + ", ".join(f"{name} {us:.0f} us" for name, us in exec_us.items())
+    )
     ratios = [f["allocator_ratio_to_ping"]["median"] for t in results.values() for f in t.values()]
     if any(c > (os.cpu_count() or 1) for c in counts):
         print(
@@ -367,6 +413,7 @@ def main() -> None:
                 "target_ratio": TARGET_RATIO,
                 "target_met": min(ratios) >= TARGET_RATIO,
                 "results": results,
+                "script_exec_us": exec_us,
             }
         )
     )

@@ -132,6 +132,7 @@ class SlotAllocator:
         self._release = conn.register_script(slotscripts.RELEASE)
         self._check = conn.register_script(slotscripts.CHECK)
         self._register = conn.register_script(slotscripts.REGISTER)
+        self._snapshot = conn.register_script(slotscripts.SNAPSHOT)
 
     def _now(self) -> str:
         return "" if self.clock_ms is None else str(self.clock_ms())
@@ -217,12 +218,6 @@ class SlotAllocator:
         """The fencing check: is this lease still held, with this token, unexpired?"""
         return bool(_guard(self._check, args=[self._now(), lease.id, lease.token]))
 
-    def _server_ms(self) -> int:
-        if self.clock_ms is not None:
-            return self.clock_ms()
-        seconds, micros = _guard(self.conn.time)
-        return int(seconds) * 1000 + int(micros) // 1000
-
     def why_gone(self, lease_id: str) -> str | None:
         value = _guard(self.conn.get, keys.lease_gone(lease_id))
         return None if value is None else _text(value)
@@ -256,28 +251,13 @@ class SlotAllocator:
     # --- reading -------------------------------------------------------------------------------
 
     def devices(self) -> list[DeviceState]:
-        ids = sorted(_text(d) for d in _guard(self.conn.smembers, keys.DEVICES))
-        pipe = self.conn.pipeline(transaction=False)
-        for d in ids:
-            pipe.hgetall(keys.device(d))
-            pipe.smembers(keys.device_leases(d))
-        raw = _guard(pipe.execute)
-        now_ms = self._server_ms()
+        """Every device with its leases, read in one atomic step."""
+        now_ms, rows = json.loads(_text(_guard(self._snapshot, args=[self._now()])))
         states = []
-        for i, d in enumerate(ids):
-            h = {_text(k): _text(v) for k, v in raw[2 * i].items()}
-            lease_ids = sorted(_text(x) for x in raw[2 * i + 1])
-            lpipe = self.conn.pipeline(transaction=False)
-            for lid in lease_ids:
-                lpipe.hgetall(keys.lease(lid))
-            lease_rows = [
-                {"id": lid, **{_text(k): _text(v) for k, v in row.items()}}
-                for lid, row in zip(lease_ids, _guard(lpipe.execute), strict=True)
-                if row
-            ]
+        for device_id, h, leases in rows:
             states.append(
                 DeviceState(
-                    id=d,
+                    id=device_id,
                     agent=h.get("agent", ""),
                     host=h.get("host", ""),
                     device_class=h.get("class", ""),
@@ -293,7 +273,8 @@ class SlotAllocator:
                     alive=int(h.get("alive_until", 0)) >= now_ms,
                     unavailable_reason=h.get("unavailable_reason", ""),
                     unexplained_vram_mib=int(h.get("unexplained_vram", 0)),
-                    leases=lease_rows,
+                    # cjson turns an empty hash into an empty list
+                    leases=[{"id": lease_id, **(row or {})} for lease_id, row in leases],
                 )
             )
         return states

@@ -37,7 +37,8 @@ local function free(id, why)
   end
   redis.call('SREM', dk .. ':leases', id)
   redis.call('DEL', lk)
-  redis.call('SET', lk .. ':gone', why, 'PX', 600000)
+  -- the reason is kept for a holder that did not end the lease itself (expired, revoked)
+  if why ~= 'released' then redis.call('SET', lk .. ':gone', why, 'PX', 600000) end
   if string.sub(why, 1, 7) == 'revoked' then
     redis.call('PUBLISH', P .. 'lease-revoked', id)
   end
@@ -204,9 +205,40 @@ CHECK = (
     PRELUDE
     + r"""
 local now = clock(ARGV[1])
-local l = redis.call('HMGET', P .. 'lease:' .. ARGV[2], 'token', 'expires')
-if l[1] == ARGV[3] and tonumber(l[2]) >= now then return 1 end
-return 0
+local l = redis.call('HMGET', P .. 'lease:' .. ARGV[2], 'token', 'expires', 'device')
+if l[1] ~= ARGV[3] or tonumber(l[2]) < now then return 0 end
+-- a lease on a device whose agents all went silent no longer counts, reclaimed or not
+if tonumber(redis.call('HGET', P .. 'device:' .. l[3], 'alive_until') or '0') < now then return 0 end
+return 1
+"""
+)
+
+# ARGV: now|''  -> JSON [now, [[device id, {field: value}, [[lease id, {field: value}], ...]], ...]]
+# One atomic read, so counters and leases always agree (a pipeline could interleave a grant).
+SNAPSHOT = (
+    PRELUDE
+    + r"""
+local now = clock(ARGV[1])
+local out = {}
+local devices = redis.call('SMEMBERS', P .. 'devices')
+table.sort(devices)
+for _, d in ipairs(devices) do
+  local dk = P .. 'device:' .. d
+  local fields = {}
+  local flat = redis.call('HGETALL', dk)
+  for i = 1, #flat, 2 do fields[flat[i]] = flat[i + 1] end
+  local leases = {}
+  local ids = redis.call('SMEMBERS', dk .. ':leases')
+  table.sort(ids)
+  for _, id in ipairs(ids) do
+    local row = {}
+    local lflat = redis.call('HGETALL', P .. 'lease:' .. id)
+    for i = 1, #lflat, 2 do row[lflat[i]] = lflat[i + 1] end
+    table.insert(leases, {id, row})
+  end
+  table.insert(out, {d, fields, leases})
+end
+return cjson.encode({now, out})
 """
 )
 

@@ -113,3 +113,12 @@ def test_unavailable_devices_and_unexplained_memory_are_not_granted(
     with pytest.raises(NoCapacity):
         alloc.acquire("s", Request("stream", vram_mib=4000, encoder_sessions=1))
     assert alloc.acquire("s", Request("stream", vram_mib=2000, encoder_sessions=1)).device == L4.id
+
+
+def test_the_fence_refuses_a_lease_whose_device_went_silent(redis_url: str, clock: Clock) -> None:
+    alloc = SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=10, clock_ms=clock)
+    alloc.register("short-lived", "host-9", [T4], ttl_s=1)
+    lease = alloc.acquire("r", Request("render", render_slots=1))
+    assert alloc.check(lease)
+    clock.ms += 2_000  # the lease has 8 s left, but its device's only agent stopped beating
+    assert not alloc.check(lease)
