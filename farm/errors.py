@@ -77,12 +77,6 @@ class IllegalTransition(FarmError):
     code = "illegal_transition"
 
 
-class Conflict(FarmError):
-    """A compare-and-set lost: the record changed first (a stale attempt, a late commit)."""
-
-    code = "conflict"
-
-
 # --- rendering ---------------------------------------------------------------------------------
 
 

@@ -7,11 +7,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
-from farm import jobscripts, keys
-from farm.errors import NotFound, QueueError
+from farm import jobscripts, keys, redisclient
+from farm.errors import NotFound
 from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
+from farm.redisclient import Redis, guard
 from farm.states import JOB_FINAL, JobState, TileState
 from farm.tiling import TileGrid
 
@@ -21,12 +20,9 @@ TILE_LEASE_S = 30.0
 ASSEMBLY_LEASE_S = 120.0
 
 
-def connect(url: str) -> redis.Redis:
-    """A Redis client for the job store (text replies), failing fast with our error."""
-    try:
-        return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
-    except ValueError as exc:
-        raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
+def connect(url: str) -> Redis:
+    """A Redis client for the job store (text replies)."""
+    return redisclient.connect(url)
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class Recovery:
 
 
 class JobStore:
-    def __init__(self, conn: redis.Redis, tile_lease_s: float = TILE_LEASE_S) -> None:
+    def __init__(self, conn: Redis, tile_lease_s: float = TILE_LEASE_S) -> None:
         self.conn = conn
         #: a rendering tile not renewed for this long is requeued by the recovery sweep
         self.tile_lease_s = tile_lease_s
@@ -302,13 +298,8 @@ class JobStore:
     # --- plumbing ------------------------------------------------------------------------------
 
     def _run(self, script: Any, keys_: list[str], args: list[Any]) -> Any:
-        return self._call(script, keys=keys_, args=args)
+        return guard(script, keys=keys_, args=args)
 
     @staticmethod
     def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except redis.ConnectionError as exc:
-            raise QueueError(f"cannot reach Redis: {exc}") from exc
-        except redis.ResponseError as exc:
-            raise QueueError(f"Redis refused a job-state update: {exc}") from exc
+        return guard(fn, *args, **kwargs)

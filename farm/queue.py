@@ -10,13 +10,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import redis
 from rq import Queue, SimpleWorker
 from rq.job import Job
 
-from farm import keys
-from farm.errors import QueueError
+from farm import keys, redisclient
 from farm.models import BlendSource, TileTask
+from farm.redisclient import Redis, guard
 
 TILE_TASK = "workers.tasks.render_tile"
 ASSEMBLE_TASK = "workers.tasks.assemble_frame"
@@ -31,18 +30,15 @@ MAINTENANCE_INTERVAL_S = 10
 WORKER_TTL_S = 35
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str) -> Redis:
     """A Redis client for rq (binary replies, as rq requires)."""
-    try:
-        return redis.Redis.from_url(url)
-    except ValueError as exc:
-        raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
+    return redisclient.connect(url, text=False)
 
 
 class RenderQueue:
     """The queue of one device class (``cpu``, ``gpu``, later ``t4``, ``l4``...)."""
 
-    def __init__(self, conn: redis.Redis, device_class: str) -> None:
+    def __init__(self, conn: Redis, device_class: str) -> None:
         self.conn = conn
         self.device_class = device_class
         self.queue = Queue(keys.render_queue(device_class), connection=conn)
@@ -64,11 +60,11 @@ class RenderQueue:
             for t in tasks
         ]
         if datas:
-            _guard(self.queue.enqueue_many, datas, pipeline=pipeline)
+            guard(self.queue.enqueue_many, datas, pipeline=pipeline)
 
     def enqueue_assembly(self, job_id: str, frame: int, timeout_s: float) -> None:
         # at the front: a finished frame is worth more to the user than one more tile
-        _guard(
+        guard(
             self.queue.enqueue_call,
             ASSEMBLE_TASK,
             args=(job_id, frame),
@@ -81,7 +77,7 @@ class RenderQueue:
         )
 
     def enqueue_inspection(self, source: BlendSource, reply_key: str, timeout_s: float) -> None:
-        _guard(
+        guard(
             self.queue.enqueue_call,
             INSPECT_TASK,
             args=(source.to_dict(), reply_key),
@@ -100,7 +96,7 @@ class RenderQueue:
         pipe = self.conn.pipeline(transaction=False)
         for t in tasks:
             pipe.exists(Job.key_for(t.rq_id))
-        found = _guard(pipe.execute) if tasks else []
+        found = guard(pipe.execute) if tasks else []
         return [t for t, exists in zip(tasks, found, strict=True) if not exists]
 
 
@@ -109,7 +105,7 @@ class _FarmWorker(SimpleWorker):
 
 
 def run_worker(
-    conn: redis.Redis,
+    conn: Redis,
     device_class: str,
     name: str,
     *,
@@ -126,17 +122,10 @@ def run_worker(
         log_job_description=False,
     )
     logging.getLogger("rq.worker").setLevel(log_level)
-    _guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
+    guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
 
 
 def _rq_timeout(timeout_s: float) -> int:
     # The worker enforces the real limit by killing its Blender child; rq's own alarm is a
     # backstop well past it, so it never fires first.
     return int(timeout_s * 2 + 120)
-
-
-def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except redis.ConnectionError as exc:
-        raise QueueError(f"cannot reach Redis: {exc}") from exc

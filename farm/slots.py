@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from farm import keys, slotscripts
-from farm.errors import BadParameter, LeaseLost, NeverFits, NoCapacity, QueueError
+from farm.errors import BadParameter, LeaseLost, NeverFits, NoCapacity
+from farm.redisclient import Redis, guard
 
 KINDS = ("render", "stream")
 
@@ -119,7 +118,7 @@ class SlotAllocator:
 
     def __init__(
         self,
-        conn: redis.Redis,
+        conn: Redis,
         ttl_s: float = 15.0,
         clock_ms: Callable[[], int] | None = None,
     ) -> None:
@@ -150,7 +149,7 @@ class SlotAllocator:
         """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``."""
         budget = -1 if host_encoder_budget is None else host_encoder_budget
         payload = json.dumps([d.to_json() for d in devices])
-        _guard(self._register, args=[self._now(), agent, int(ttl_s * 1000), host, budget, payload])
+        guard(self._register, args=[self._now(), agent, int(ttl_s * 1000), host, budget, payload])
 
     # --- leases --------------------------------------------------------------------------------
 
@@ -158,7 +157,7 @@ class SlotAllocator:
         """One attempt: a lease, None when it could fit later, NeverFits when it never can."""
         request = self._apply_policy(request)
         lease_id = uuid.uuid4().hex
-        reply = _guard(
+        reply = guard(
             self._acquire,
             args=[
                 self._now(), request.kind, holder, lease_id, request.vram_mib,
@@ -205,33 +204,33 @@ class SlotAllocator:
             delay = min(delay * 2, 1.0)
 
     def renew(self, lease: Lease) -> Lease:
-        reply = _guard(self._renew, args=[self._now(), lease.id, lease.token, self.ttl_ms])
+        reply = guard(self._renew, args=[self._now(), lease.id, lease.token, self.ttl_ms])
         if _text(reply[0]) != "ok":
             why = _text(reply[1])
             raise LeaseLost(f"lease on {lease.device} lost: {why}", lease=lease.id, why=why)
         return Lease(lease.id, lease.holder, lease.kind, lease.device, lease.token, int(reply[1]))
 
     def release(self, lease: Lease) -> bool:
-        return bool(_guard(self._release, args=[lease.id, lease.token]))
+        return bool(guard(self._release, args=[lease.id, lease.token]))
 
     def check(self, lease: Lease) -> bool:
         """The fencing check: is this lease still held, with this token, unexpired?"""
-        return bool(_guard(self._check, args=[self._now(), lease.id, lease.token]))
+        return bool(guard(self._check, args=[self._now(), lease.id, lease.token]))
 
     def why_gone(self, lease_id: str) -> str | None:
-        value = _guard(self.conn.get, keys.lease_gone(lease_id))
+        value = guard(self.conn.get, keys.lease_gone(lease_id))
         return None if value is None else _text(value)
 
     # --- policy --------------------------------------------------------------------------------
 
     def set_policy(self, project: str, role: str, classes: Sequence[str]) -> None:
         """Which device classes ``role`` may use in ``project`` (e.g. only admins on a100)."""
-        _guard(self.conn.hset, keys.project_policy(project), role, ",".join(classes))
+        guard(self.conn.hset, keys.project_policy(project), role, ",".join(classes))
 
     def _apply_policy(self, request: Request) -> Request:
         if not request.project or not request.role:
             return request
-        raw = _guard(self.conn.hget, keys.project_policy(request.project), request.role)
+        raw = guard(self.conn.hget, keys.project_policy(request.project), request.role)
         if raw is None:
             return request
         allowed = tuple(c for c in _text(raw).split(",") if c)
@@ -252,7 +251,7 @@ class SlotAllocator:
 
     def devices(self) -> list[DeviceState]:
         """Every device with its leases, read in one atomic step."""
-        now_ms, rows = json.loads(_text(_guard(self._snapshot, args=[self._now()])))
+        now_ms, rows = json.loads(_text(guard(self._snapshot, args=[self._now()])))
         states = []
         for device_id, h, leases in rows:
             states.append(
@@ -282,12 +281,3 @@ class SlotAllocator:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return fn(*args, **kwargs)
-    except redis.ConnectionError as exc:
-        raise QueueError(f"cannot reach Redis: {exc}") from exc
-    except redis.ResponseError as exc:
-        raise QueueError(f"the allocator's Redis script failed: {exc}") from exc

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from farm import keys
 from farm.errors import BadParameter, FarmError, MissingFiles, NoCamera, QueueError
 from farm.frames import parse_frames
@@ -27,6 +25,7 @@ from farm.models import (
     parse_formats,
 )
 from farm.queue import RenderQueue
+from farm.redisclient import Redis, guard
 from farm.settings import DEVICE_KINDS
 from farm.tiling import TileGrid, plan_tiles
 
@@ -147,7 +146,7 @@ def plan_job(
 
 
 def inspect(
-    conn: redis.Redis,
+    conn: Redis,
     queue: RenderQueue,
     source: BlendSource,
     timeout_s: float,
@@ -162,10 +161,7 @@ def inspect(
     deadline = time.monotonic() + timeout_s
     popped = None
     while popped is None and time.monotonic() < deadline:
-        try:
-            popped = conn.blpop([reply_key], timeout=1)
-        except redis.ConnectionError as exc:
-            raise QueueError(f"cannot reach Redis: {exc}") from exc
+        popped = guard(conn.blpop, [reply_key], timeout=1)
         if popped is None and on_wait is not None:
             on_wait()
     if popped is None:
@@ -196,7 +192,7 @@ def _all_error_classes(base: type[FarmError]) -> list[type[FarmError]]:
 
 
 def submit(
-    rq_conn: redis.Redis,
+    rq_conn: Redis,
     store: JobStore,
     queue: RenderQueue,
     spec: JobSpec,
@@ -205,11 +201,8 @@ def submit(
 ) -> str:
     """Create the job and queue all its tiles in one transaction; returns the job id."""
     job_id = store.new_job_id()
-    try:
-        with rq_conn.pipeline(transaction=True) as pipe:
-            tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
-            queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe)
-            pipe.execute()
-    except redis.ConnectionError as exc:
-        raise QueueError(f"cannot reach Redis: {exc}") from exc
+    with rq_conn.pipeline(transaction=True) as pipe:
+        tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
+        queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe)
+        guard(pipe.execute)
     return job_id

@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from farm import keys
 from farm.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
 from farm.jobstore import JobStore
 from farm.models import OUTPUT_FORMATS, BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue
+from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.slots import Lease, Request, SlotAllocator
 from farm.states import JobState
@@ -40,7 +39,7 @@ class WorkerContext:
 
     settings: Settings
     name: str
-    conn: redis.Redis
+    conn: Redis
     store: JobStore
     queue: RenderQueue
     storage: LocalStorage
