@@ -10,16 +10,16 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from farm import jobstore, queue, submission
-from farm.blendfile import check_blend
 from farm.errors import BadParameter, FarmError, JobCanceled
 from farm.models import DEFAULT_FORMATS
-from farm.progress import ProgressBar
 from farm.settings import DEVICE_KINDS, Settings
-from farm.states import JobState
-from farm.storage import LocalStorage
+
+# Each command imports what it needs when it runs: `farm worker` starts its Blender child
+# before anything heavy (rq, redis, numpy) is imported, so `import bpy` overlaps them.
+if TYPE_CHECKING:
+    from farm import jobstore, submission
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _request(
     args: argparse.Namespace, settings: Settings, output: Path
 ) -> submission.RenderRequest:
+    from farm import submission
+
     return submission.RenderRequest(
         output=output,
         frames=args.frames,
@@ -164,6 +166,10 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
 
 def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import jobstore, queue, submission
+    from farm.blendfile import check_blend
+    from farm.storage import LocalStorage
+
     req = _request(args, settings, args.output)
     submission.check_request(req)
     check_blend(args.blend)
@@ -185,6 +191,8 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
+    from farm import jobstore
+
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     if args.job is None:
         jobs = [store.status(j) for j in store.job_ids()]
@@ -219,6 +227,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
 
 def _watch(store: jobstore.JobStore, job_id: str) -> None:
     from farm import embedded
+    from farm.progress import ProgressBar
 
     status = store.status(job_id)
     bar = ProgressBar(sys.stderr, status.tiles_total, status.frames_total)
@@ -226,12 +235,17 @@ def _watch(store: jobstore.JobStore, job_id: str) -> None:
 
 
 def cmd_watch(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import jobstore
+
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     _watch(store, args.job)
     return store.status(args.job).to_dict() if args.json else None
 
 
 def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import jobstore
+    from farm.states import JobState
+
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     store.status(args.job)  # NotFound for an unknown id
     outcome = store.end_job(args.job, JobState.CANCELED, "canceled by request")
@@ -267,6 +281,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
+    from farm import jobstore
     from farm.slots import SlotAllocator
 
     allocator = SlotAllocator(jobstore.connect(settings.redis_url), ttl_s=settings.lease_ttl_s)
