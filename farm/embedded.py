@@ -19,13 +19,14 @@ from typing import TextIO
 
 from farm import jobstore, lifetime, queue, submission
 from farm.blendfile import check_blend
-from farm.errors import FarmError, JobCanceled, JobFailed, QueueError, SetupError
+from farm.errors import JobCanceled, JobFailed, QueueError, SetupError
 from farm.models import BlendSource, InspectionReport, JobStatus
 from farm.progress import ProgressBar
 from farm.redisserver import RedisServer
 from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState
 from farm.storage import sha256_file
+from farm.tiling import TileGrid
 
 log = logging.getLogger("tessera.embedded")
 
@@ -33,35 +34,6 @@ log = logging.getLogger("tessera.embedded")
 WORKER_CHECK_S = 1.0
 #: a worker that exits sooner than this after its start is broken, not unlucky
 STARTUP_S = 30.0
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The FARM_* variables that rebuild ``settings`` in a child process."""
-    env = {
-        "FARM_REDIS_URL": settings.redis_url,
-        "FARM_STORAGE_DIR": str(settings.storage_dir),
-        "FARM_WORK_DIR": str(settings.work_dir),
-        "FARM_DEVICE": settings.device,
-        "FARM_CPU_THREADS": str(settings.cpu_threads),
-        "FARM_TILE_TIMEOUT_S": str(settings.tile_timeout_s),
-        "FARM_INSPECT_TIMEOUT_S": str(settings.inspect_timeout_s),
-        "FARM_MAX_ATTEMPTS": str(settings.max_attempts),
-        "FARM_BLENDER_PYTHON": settings.python,
-        "FARM_LOG_LEVEL": settings.log_level,
-        "FARM_NVML": settings.nvml,
-        "FARM_CPU_RENDER_SLOTS": str(settings.cpu_render_slots),
-        "FARM_CPU_ENCODE_SESSIONS": str(settings.cpu_encode_sessions),
-        "FARM_GPU_RENDER_SLOTS": str(settings.gpu_render_slots),
-        "FARM_RENDER_VRAM_FLOOR_MIB": str(settings.render_vram_floor_mib),
-        "FARM_LEASE_TTL_S": str(settings.lease_ttl_s),
-        "FARM_AGENT_TIMEOUT_S": str(settings.agent_timeout_s),
-        "FARM_DEVICE_OVERRIDES": settings.device_overrides,
-    }
-    if settings.gpu_index is not None:
-        env["FARM_GPU_INDEX"] = str(settings.gpu_index)
-    if settings.gpu_backend is not None:
-        env["FARM_GPU_BACKEND"] = settings.gpu_backend
-    return env
 
 
 def threads_per_worker(workers: int) -> int:
@@ -88,7 +60,7 @@ class LocalWorkers:
 
     def _spawn(self, name: str) -> None:
         self.spawned_at[name] = time.monotonic()
-        env = {**os.environ, **settings_env(self.settings)}
+        env = {**os.environ, **self.settings.to_env()}
         with (self.log_dir / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "farm", "worker", "--name", name],
@@ -242,7 +214,7 @@ def _run(
     job_id = submission.submit(
         rq_conn, store, render_queue, spec, warnings, scripts_blocked=report.autoexec_fail
     )
-    bar = ProgressBar(stream, len(spec.frames) * _tiles(spec.tiles), len(spec.frames))
+    bar = ProgressBar(stream, len(spec.frames) * TileGrid.parse(spec.tiles).count, len(spec.frames))
     for w in warnings:
         bar.note(f"warning: {w}")
     try:
@@ -254,11 +226,6 @@ def _run(
             f"job {job_id} canceled; nothing was delivered after the cancel"
         ) from None
     return RenderOutcome(status, report, warnings, time.monotonic() - t0, pool.restarts)
-
-
-def _tiles(grid: str) -> int:
-    cols, rows = grid.split("x")
-    return int(cols) * int(rows)
 
 
 def watch(
@@ -299,6 +266,3 @@ def watch(
     if status.state == JobState.CANCELED.value:
         raise JobCanceled(f"job {job_id} was canceled: {status.reason or 'by request'}")
     raise JobFailed(f"job {job_id} failed: {status.reason}", job_id=job_id)
-
-
-__all__ = ["FarmError", "RenderOutcome", "render", "watch"]

@@ -91,49 +91,32 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        base = cls()
         values: dict[str, Any] = {}
+        for attr, (name, kind, minimum) in ENV.items():
+            raw = env.get(name, "")
+            if raw == "":
+                continue
+            if kind in (str, Path):
+                values[attr] = kind(raw)
+                continue
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise BadParameter(f"{name}={raw!r} is not a number") from None
+            if not math.isfinite(value):
+                raise BadParameter(f"{name}={raw!r} must be a finite number")
+            if value < minimum:
+                raise BadParameter(f"{name} must be at least {minimum}, not {value}")
+            values[attr] = value
+        return replace(cls(), **values).validated()
 
-        def text(name: str, attr: str) -> None:
-            if name in env and env[name] != "":
-                values[attr] = env[name]
-
-        def number(name: str, attr: str, kind: type, minimum: float) -> None:
-            if name in env and env[name] != "":
-                try:
-                    value = kind(env[name])
-                except ValueError:
-                    raise BadParameter(f"{name}={env[name]!r} is not a number") from None
-                if not math.isfinite(value):
-                    raise BadParameter(f"{name}={env[name]!r} must be a finite number")
-                if value < minimum:
-                    raise BadParameter(f"{name} must be at least {minimum}, not {value}")
-                values[attr] = value
-
-        text("FARM_REDIS_URL", "redis_url")
-        text("FARM_DEVICE", "device")
-        text("FARM_GPU_BACKEND", "gpu_backend")
-        text("FARM_BLENDER_PYTHON", "python")
-        text("FARM_LOG_LEVEL", "log_level")
-        text("FARM_NVML", "nvml")
-        text("FARM_DEVICE_OVERRIDES", "device_overrides")
-        for name, attr in (("FARM_STORAGE_DIR", "storage_dir"), ("FARM_WORK_DIR", "work_dir")):
-            if env.get(name):
-                values[attr] = Path(env[name])
-        number("FARM_GPU_INDEX", "gpu_index", int, 0)
-        number("FARM_CPU_THREADS", "cpu_threads", int, 0)
-        number("FARM_TILE_TIMEOUT_S", "tile_timeout_s", float, 1.0)
-        number("FARM_INSPECT_TIMEOUT_S", "inspect_timeout_s", float, 1.0)
-        number("FARM_MAX_ATTEMPTS", "max_attempts", int, 1)
-        number("FARM_CPU_RENDER_SLOTS", "cpu_render_slots", int, 0)
-        number("FARM_CPU_ENCODE_SESSIONS", "cpu_encode_sessions", int, 0)
-        number("FARM_GPU_RENDER_SLOTS", "gpu_render_slots", int, 1)
-        number("FARM_ENCODER_SESSIONS_PER_ENGINE", "encoder_sessions_per_engine", int, 1)
-        number("FARM_HOST_ENCODER_BUDGET", "host_encoder_budget", int, 0)
-        number("FARM_RENDER_VRAM_FLOOR_MIB", "render_vram_floor_mib", int, 0)
-        number("FARM_LEASE_TTL_S", "lease_ttl_s", float, 0.1)
-        number("FARM_AGENT_TIMEOUT_S", "agent_timeout_s", float, 0.1)
-        return replace(base, **values).validated()
+    def to_env(self) -> dict[str, str]:
+        """The FARM_* variables that rebuild these settings in a child process."""
+        return {
+            name: str(getattr(self, attr))
+            for attr, (name, _kind, _minimum) in ENV.items()
+            if getattr(self, attr) is not None
+        }
 
     def validated(self) -> Settings:
         if self.log_level.upper() not in LOG_LEVELS:
@@ -164,6 +147,32 @@ class Settings:
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes).validated()
 
+
+#: every setting's variable, type and least value: the one table from_env and to_env read
+ENV: dict[str, tuple[str, type, float]] = {
+    "redis_url": ("FARM_REDIS_URL", str, 0),
+    "storage_dir": ("FARM_STORAGE_DIR", Path, 0),
+    "work_dir": ("FARM_WORK_DIR", Path, 0),
+    "device": ("FARM_DEVICE", str, 0),
+    "gpu_index": ("FARM_GPU_INDEX", int, 0),
+    "gpu_backend": ("FARM_GPU_BACKEND", str, 0),
+    "cpu_threads": ("FARM_CPU_THREADS", int, 0),
+    "tile_timeout_s": ("FARM_TILE_TIMEOUT_S", float, 1.0),
+    "inspect_timeout_s": ("FARM_INSPECT_TIMEOUT_S", float, 1.0),
+    "max_attempts": ("FARM_MAX_ATTEMPTS", int, 1),
+    "python": ("FARM_BLENDER_PYTHON", str, 0),
+    "log_level": ("FARM_LOG_LEVEL", str, 0),
+    "nvml": ("FARM_NVML", str, 0),
+    "cpu_render_slots": ("FARM_CPU_RENDER_SLOTS", int, 0),
+    "cpu_encode_sessions": ("FARM_CPU_ENCODE_SESSIONS", int, 0),
+    "gpu_render_slots": ("FARM_GPU_RENDER_SLOTS", int, 1),
+    "encoder_sessions_per_engine": ("FARM_ENCODER_SESSIONS_PER_ENGINE", int, 1),
+    "host_encoder_budget": ("FARM_HOST_ENCODER_BUDGET", int, 0),
+    "device_overrides": ("FARM_DEVICE_OVERRIDES", str, 0),
+    "render_vram_floor_mib": ("FARM_RENDER_VRAM_FLOOR_MIB", int, 0),
+    "lease_ttl_s": ("FARM_LEASE_TTL_S", float, 0.1),
+    "agent_timeout_s": ("FARM_AGENT_TIMEOUT_S", float, 0.1),
+}
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Cycles compute backends in the order a worker prefers them

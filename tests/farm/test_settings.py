@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from farm.errors import BadParameter
-from farm.settings import GPU_BACKENDS, Settings
+from farm.settings import ENV, GPU_BACKENDS, Settings
 
 
 def test_defaults_when_nothing_is_set() -> None:
@@ -123,3 +124,20 @@ def test_with_validates_changes() -> None:
 def test_from_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARM_MAX_ATTEMPTS", "7")
     assert Settings.from_env().max_attempts == 7
+
+
+def test_to_env_rebuilds_every_setting() -> None:
+    # what the embedded farm hands its workers: a field missing from the table would be lost
+    changed = Settings().with_(
+        redis_url="unix:///tmp/r.sock", storage_dir=Path("/s"), work_dir=Path("/w"),
+        device="gpu", gpu_index=1, gpu_backend="CUDA", cpu_threads=3, tile_timeout_s=9.5,
+        inspect_timeout_s=7.0, max_attempts=5, python="/usr/bin/python3.11",
+        log_level="DEBUG", nvml="fake:t4", cpu_render_slots=2, cpu_encode_sessions=3,
+        gpu_render_slots=4, encoder_sessions_per_engine=6, host_encoder_budget=8,
+        device_overrides='{"t4": {"render_slots": 1}}', render_vram_floor_mib=512,
+        lease_ttl_s=2.5, agent_timeout_s=4.5,
+    )  # fmt: skip
+    assert {f.name for f in fields(Settings)} == set(ENV)
+    for f in fields(Settings):
+        assert getattr(changed, f.name) != getattr(Settings(), f.name), f.name
+    assert Settings.from_env(changed.to_env()) == changed
