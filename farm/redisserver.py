@@ -191,7 +191,7 @@ class RedisServer:
             else:
                 return False
             if time.monotonic() > deadline:
-                self._terminate(proc)
+                lifetime.stop(proc, STOP_TIMEOUT_S)
                 self._proc = None
                 raise SetupError(
                     "redis-server did not answer PING in time; see its log",
@@ -218,20 +218,10 @@ class RedisServer:
             return ""
         return "\n".join(line for line in lines[-LOG_TAIL_LINES:] if line.strip())
 
-    @staticmethod
-    def _terminate(proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            # SIGTERM makes Redis shut down cleanly: it fsyncs the AOF and saves nothing (save "").
-            proc.terminate()
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
     def _stop_process(self) -> None:
         if self._proc is not None:
-            self._terminate(self._proc)
+            # SIGTERM makes Redis shut down cleanly: it fsyncs the AOF and saves nothing
+            lifetime.stop(self._proc, STOP_TIMEOUT_S)
             self._proc = None
         if self._socket_path is not None:
             self._socket_path.unlink(missing_ok=True)
