@@ -10,7 +10,7 @@ from collections.abc import Callable
 from farm.devices import Device, host_devices, host_encoder_budget
 from farm.errors import FarmError, NvmlError
 from farm.nvml import GpuInfo, Nvml
-from farm.reconcile import Drift, DriftKind, LeaseView, reconcile
+from farm.reconcile import Drift, LeaseView, reconcile, unexplained_vram_mib
 from farm.settings import Settings
 from farm.slots import DeviceOffer, SlotAllocator
 
@@ -61,10 +61,9 @@ class DeviceAgent:
         self.drifts = self._reconcile(gpus) if gpus else []
         offers = []
         for device in self.devices:
-            unexplained = sum(
-                d.excess for d in self.drifts
-                if d.device_id == device.id and d.kind is DriftKind.MEMORY
-            )  # fmt: skip
+            # this agent knows only its own pids: a stream service's process beside a render
+            # worker would look foreign, so only memory beyond every lease is held back
+            unexplained = unexplained_vram_mib(self.drifts, device.id, count_foreign=False)
             offers.append(
                 DeviceOffer(
                     id=device.id,

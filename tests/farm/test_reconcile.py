@@ -113,3 +113,14 @@ def test_the_cpu_device_never_drifts() -> None:
     devices = host_devices(Settings(), None, hostname="h", cpu_count=8, memory_mib=8192)
     leases = {devices[0].id: LeaseView(vram_mib=99999, encoder_sessions=99, count=99)}
     assert reconcile(devices, leases, [], set()) == []
+
+
+def test_foreign_memory_can_be_left_out_of_what_is_held_back() -> None:
+    # an agent that cannot tell another farm process from a stranger holds back only the
+    # memory beyond every lease
+    drifts = [
+        Drift("gpu-0", DriftKind.MEMORY, 1000, 1300, "memory"),
+        Drift("gpu-0", DriftKind.FOREIGN_PROCESS, 0, 2000, "foreign", pid=7),
+    ]
+    assert unexplained_vram_mib(drifts, "gpu-0") == 2000
+    assert unexplained_vram_mib(drifts, "gpu-0", count_foreign=False) == 300
