@@ -25,6 +25,18 @@ class FarmError(Exception):
         return {"error": self.code, "message": self.message, **self.fields}
 
 
+def error_class(code: str, default: type[FarmError] | None = None) -> type[FarmError]:
+    """The class whose ``code`` is ``code`` (undoing ``to_dict`` across a process boundary);
+    ``default`` (FarmError when None) for a code this tree does not know."""
+    stack: list[type[FarmError]] = [FarmError]
+    while stack:
+        cls = stack.pop()
+        if cls.code == code:
+            return cls
+        stack.extend(cls.__subclasses__())
+    return default or FarmError
+
+
 # --- the user's input is wrong: CLI exit 2, API 4xx -------------------------------------------
 
 

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from farm import keys
-from farm.errors import BadParameter, FarmError, MissingFiles, NoCamera, QueueError
+from farm.errors import (
+    BadParameter,
+    FarmError,
+    MissingFiles,
+    NoCamera,
+    QueueError,
+    error_class,
+)
 from farm.frames import parse_frames
 from farm.jobstore import JobStore
 from farm.models import (
@@ -176,19 +183,9 @@ def inspect(
 
 
 def _error_from(reply: dict[str, Any]) -> FarmError:
-    code = reply.get("error", "farm_error")
-    for cls in _all_error_classes(FarmError):
-        if cls.code == code:
-            fields = {k: v for k, v in reply.items() if k not in ("ok", "error", "message")}
-            return cls(reply.get("message", "the worker failed"), **fields)
-    return FarmError(reply.get("message", "the worker failed"))
-
-
-def _all_error_classes(base: type[FarmError]) -> list[type[FarmError]]:
-    out = [base]
-    for sub in base.__subclasses__():
-        out.extend(_all_error_classes(sub))
-    return out
+    fields = {k: v for k, v in reply.items() if k not in ("ok", "error", "message")}
+    cls = error_class(str(reply.get("error", "")))
+    return cls(reply.get("message", "the worker failed"), **fields)
 
 
 def submit(

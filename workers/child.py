@@ -23,14 +23,10 @@ from types import TracebackType
 from typing import Any
 
 from farm.errors import (
-    BadBlendFile,
-    BadParameter,
     BlenderCrashed,
-    DeviceUnavailable,
-    FarmError,
-    NoCamera,
     RenderError,
     TileTimeout,
+    error_class,
 )
 from farm.settings import Settings
 from farm.tiling import Rect
@@ -41,13 +37,6 @@ START_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 20
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-_ERRORS: dict[str, type[FarmError]] = {
-    "bad_blend_file": BadBlendFile,
-    "device_unavailable": DeviceUnavailable,
-    "bad_parameter": BadParameter,
-    "no_camera": NoCamera,
-}
 
 
 class BlenderChild:
@@ -307,10 +296,10 @@ class BlenderChild:
             return result
         code = str(reply.get("error", "render_failed"))
         fields = dict(reply.get("fields") or {})
-        error_class = _ERRORS.get(code, RenderError)
-        if error_class is RenderError and code != RenderError.code:
+        cls = error_class(code, default=RenderError)
+        if cls is RenderError and code != RenderError.code:
             fields.setdefault("child_error", code)
-        raise error_class(str(reply.get("message", f"{doing} failed")), **context, **fields)
+        raise cls(str(reply.get("message", f"{doing} failed")), **context, **fields)
 
     def _receive(
         self, deadline: float, timeout_s: float, doing: str, context: dict[str, Any]
