@@ -45,16 +45,19 @@ def serve(
         raise DeviceUnavailable(
             f"worker {name} cannot render on {settings.device}: {child.device_error}"
         )
-    allocator = SlotAllocator(jobstore.connect(settings.redis_url), ttl_s=settings.lease_ttl_s)
+    # one text client for the job store, the allocator and the tasks; rq needs its own (bytes)
+    conn = jobstore.connect(settings.redis_url)
+    rq_conn = queue.connect(settings.redis_url)
+    allocator = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
     agent = _agent(settings, allocator, name, child)
     ctx = tasks.WorkerContext(
         settings=settings,
         name=name,
-        conn=jobstore.connect(settings.redis_url),
+        conn=conn,
         store=jobstore.JobStore(
-            jobstore.connect(settings.redis_url), tile_lease_s=settings.lease_ttl_s
+            conn, tile_lease_s=settings.lease_ttl_s
         ),
-        queue=queue.RenderQueue(queue.connect(settings.redis_url), settings.device),
+        queue=queue.RenderQueue(rq_conn, settings.device),
         storage=LocalStorage(settings.storage_dir),
         child=child,
         allocator=allocator,
@@ -68,7 +71,7 @@ def serve(
              settings.device, ctx.device.id, child.pid)  # fmt: skip
     try:
         queue.run_worker(
-            queue.connect(settings.redis_url),
+            rq_conn,
             settings.device,
             name,
             burst=burst,
