@@ -85,6 +85,8 @@ class JobSpec:
     priority: int = 0
     #: device memory a tile reserves, estimated at inspection (the worker applies its floor)
     vram_mib: int = 0
+    #: the project the job belongs to: access, device-class policy and usage accounting
+    project: str = "default"
     v: int = SCHEMA_VERSION
 
     def to_json(self) -> str:

@@ -56,6 +56,7 @@ class RenderRequest:
     max_attempts: int = 3
     tile_timeout_s: float = 1800.0
     name: str | None = None
+    project: str = "default"
 
 
 def parse_resolution(text: str) -> tuple[int, int]:
@@ -148,6 +149,7 @@ def plan_job(
         max_attempts=req.max_attempts,
         tile_timeout_s=req.tile_timeout_s,
         vram_mib=report.vram_estimate_mib,
+        project=req.project,
     )
     return spec, warnings
 
