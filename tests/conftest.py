@@ -35,3 +35,15 @@ def rconn(redis_url: str) -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(redis_url, decode_responses=True)
     yield conn
     conn.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 (a real HTTP endpoint, own process) for the session; the
+    AWS credential variables boto3 reads are set to moto's test keys meanwhile."""
+    from tests.s3server import CREDENTIALS, MotoServer
+
+    with pytest.MonkeyPatch.context() as mp, MotoServer() as server:
+        for name, value in CREDENTIALS.items():
+            mp.setenv(name, value)
+        yield server.endpoint
