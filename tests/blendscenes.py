@@ -27,6 +27,7 @@ def make_scene(
     missing_texture: bool = False,
     seconds_per_frame_hint: float | None = None,
     linked_library: Path | None = None,
+    passes: bool = False,
 ) -> Path:
     """Build and save a tiny Cycles scene at ``path``; return ``path``.
 
@@ -39,6 +40,8 @@ def make_scene(
     which does not exist.
     ``linked_library``: the cube's material is linked from that .blend (one make_scene built),
     so the scene depends on an external library file.
+    ``passes``: enable a set of view-layer passes (depth, normal, diffuse and glossy, emission,
+    ambient occlusion, object index, mist) and Cryptomatte (object, material).
     ``seconds_per_frame_hint``: replace ``samples`` by a count measured on this machine to make
     one frame take about that long (approximate; costs three small renders while building).
     """
@@ -55,6 +58,7 @@ def make_scene(
         "missing_texture": missing_texture,
         "seconds_per_frame_hint": seconds_per_frame_hint,
         "linked_library": str(Path(linked_library).absolute()) if linked_library else None,
+        "passes": passes,
     }
     proc = subprocess.run(
         [sys.executable, str(_SCRIPT), json.dumps(spec)],

@@ -117,6 +117,16 @@ def build(spec: dict[str, Any]) -> None:
             linked.materials = ["GoldMetal"]
         cube.data.materials[0] = linked.materials[0]
 
+    if spec.get("passes"):
+        layer = scene.view_layers[0]
+        for name in (
+            "use_pass_z", "use_pass_normal", "use_pass_diffuse_direct", "use_pass_diffuse_color",
+            "use_pass_glossy_direct", "use_pass_emit", "use_pass_ambient_occlusion",
+            "use_pass_object_index", "use_pass_mist", "use_pass_cryptomatte_object",
+            "use_pass_cryptomatte_material",
+        ):  # fmt: skip
+            setattr(layer, name, True)
+
     path = Path(spec["path"])
     path.parent.mkdir(parents=True, exist_ok=True)
     if spec["missing_texture"]:

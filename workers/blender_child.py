@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import ctypes
 import glob
+import importlib
 import json
 import os
 import signal
@@ -25,7 +26,8 @@ from typing import Any
 from farm.lifetime import arm_parent_death_signal
 from farm.settings import GPU_BACKENDS
 from farm.tiling import Rect, border_floats
-from workers.exr import read_size
+from workers.backends import choose_backend
+from workers.exr import read_layers, read_size, write_layers
 
 # bpy is imported in main(), after the parent-death signal is armed.
 bpy: Any = None
@@ -110,6 +112,9 @@ class Session:
         self.device_error: str | None = None
         self.open_key: tuple[str, int, int] | None = None
         self.report: dict[str, Any] | None = None
+        #: the file's own per-render settings, restored before each render that does not ask
+        #: for something else (the kept-open file serves jobs with different options)
+        self.saved: dict[str, Any] = {}
         if device == "gpu":
             try:
                 self.device_name = _setup_gpu(gpu_backend)
@@ -146,6 +151,7 @@ class Session:
                 ) from None
             log("opened", path=path, open_s=round(time.perf_counter() - t0, 3))
             self.open_key = key
+            self.saved = _file_settings(bpy.context.scene)
             # Inspect now, before any render changes engine, resolution or denoising.
             self.report = _inspect(path)
         return {
@@ -162,18 +168,37 @@ class Session:
 
     # -- rendering
 
+    def _pick_device(self, req: dict[str, Any]) -> tuple[str, str | None]:
+        """("GPU" or "CPU", why a GPU render fell back to the CPU) for this request.
+
+        A tile never silently leaves the GPU: without ``allow_cpu_fallback`` an unusable GPU or
+        backend is an error naming the reason.
+        """
+        if self.device_kind != "gpu":
+            return "CPU", None
+        asked = req.get("backend")
+        problem = self.device_error
+        if problem is None and asked and str(asked).upper() != self.device_name:
+            try:
+                self.device_name = _setup_gpu(str(asked))
+            except ChildError as exc:
+                problem = f"the job asks for the {str(asked).upper()} backend: {exc.message}"
+        if problem is None:
+            return "GPU", None
+        if req.get("allow_cpu_fallback"):
+            log("cpu_fallback", reason=problem)
+            return "CPU", problem
+        raise ChildError("device_unavailable", problem, backend=asked)
+
     def render(self, req: dict[str, Any]) -> dict[str, Any]:
-        if self.device_error is not None:
-            raise ChildError("device_unavailable", self.device_error)
+        cycles_device, fallback = self._pick_device(req)
         opened = self.open(req["path"])
         scene = bpy.context.scene
         width, height = int(req["width"]), int(req["height"])
         out_path = Path(req["out_path"]).absolute()
         _prepare_scene(scene, width, height, req.get("samples"), req.get("rect"))
-        if self.device_kind == "gpu":
-            scene.cycles.device = "GPU"
-        else:
-            scene.cycles.device = "CPU"
+        layers = _prepare_passes(scene, self.saved, req)
+        scene.cycles.device = cycles_device
         if self.threads > 0:
             scene.render.threads_mode = "FIXED"
             scene.render.threads = self.threads
@@ -187,9 +212,17 @@ class Session:
             )
 
         settings = scene.render.image_settings
-        settings.media_type = "IMAGE"  # Blender 5: files saved with video output refuse file_format
-        settings.file_format = "OPEN_EXR"
-        settings.color_mode = "RGBA"
+        if req.get("layers"):
+            # Every pass of every view layer. Blender 5 writes one EXR part per pass unless told
+            # to interleave; readers that see one part (OpenImageIO in Cycles' denoiser, most
+            # tools) then find only Combined, which is why "only Combined was written" was seen.
+            settings.media_type = "MULTI_LAYER_IMAGE"
+            settings.file_format = "OPEN_EXR_MULTILAYER"
+            settings.use_exr_interleave = True
+        else:
+            settings.media_type = "IMAGE"  # Blender 5: video-output files refuse file_format
+            settings.file_format = "OPEN_EXR"
+            settings.color_mode = "RGBA"
         settings.color_depth = "32"
         settings.exr_codec = "ZIP"
         tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex}.tmp.exr")
@@ -206,6 +239,11 @@ class Session:
             render_s = time.perf_counter() - t0
             if not tmp.is_file():
                 raise ChildError("render_failed", f"Blender wrote no image for {out_path.name}")
+            if req.get("layers") and len(layers) > 1:
+                # The file lists passes by name only; say which view layer is the image.
+                image = read_layers(tmp)
+                image.attrs["tessera/layers"] = "\n".join(layers)
+                write_layers(tmp, image)
             os.replace(tmp, out_path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -217,8 +255,51 @@ class Session:
             "height": height_px,
             "render_s": round(render_s, 4),
             "autoexec_fail": opened["autoexec_fail"],
-            "device": self.device_name,
+            "device": self.device_name if cycles_device == "GPU" else "CPU",
+            "fallback": fallback,
+            "layers": layers,
+            "samples": int(scene.cycles.samples),
         }
+
+    # -- denoising the stitched (or merged) frame
+
+    def denoise(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Denoise a single-part multilayer EXR with Cycles' standalone denoiser (OIDN).
+
+        The input holds each view layer's noisy Combined, Denoising Normal, Denoising Albedo and
+        Vector passes and ``cycles.<layer>.samples``; the output is the same file with every
+        layer's Combined RGB denoised. One call for the whole frame, never per tile.
+        """
+        # Cycles' own Python module, present once bpy is imported (no stubs: typed as a module)
+        _cycles = importlib.import_module("_cycles")
+
+        self.open(req["path"])
+        scene = bpy.context.scene
+        if not getattr(_cycles, "with_openimagedenoise", False):
+            raise ChildError("render_failed", "this Blender build has no OpenImageDenoise")
+        scene.cycles.denoiser = "OPENIMAGEDENOISE"
+        src = Path(req["in_path"]).absolute()
+        out_path = Path(req["out_path"]).absolute()
+        tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex}.tmp.exr")
+        t0 = time.perf_counter()
+        try:
+            _cycles.denoise(
+                bpy.context.preferences.as_pointer(),
+                scene.as_pointer(),
+                scene.view_layers[0].as_pointer(),
+                input=[str(src)],
+                output=[str(tmp)],
+            )
+            if not tmp.is_file():
+                raise ChildError("render_failed", f"the denoiser wrote no image for {src.name}")
+            os.replace(tmp, out_path)
+        except RuntimeError as exc:
+            raise ChildError(
+                "render_failed", f"denoising {src.name} failed: {_blender_message(exc)}"
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        return {"out_path": str(out_path), "denoise_s": round(time.perf_counter() - t0, 4)}
 
     # -- converting to delivery formats
 
@@ -302,6 +383,43 @@ def _prepare_scene(
         render.border_min_y, render.border_max_y = min_y, max_y
 
 
+def _file_settings(scene: Any) -> dict[str, Any]:
+    """The settings a render request may change, as the file has them."""
+    return {
+        "adaptive": bool(scene.cycles.use_adaptive_sampling),
+        "denoising_passes": {
+            vl.name: bool(vl.cycles.denoising_store_passes) for vl in scene.view_layers
+        },
+    }
+
+
+def _prepare_passes(scene: Any, saved: dict[str, Any], req: dict[str, Any]) -> list[str]:
+    """Set the sample subset, adaptive sampling and denoising passes a request asks for (the
+    file's own values otherwise); returns the view layers that render, in order."""
+    cycles = scene.cycles
+    subset = req.get("sample_subset")
+    if subset is None:
+        cycles.use_sample_subset = False
+    else:
+        offset, count = (int(v) for v in subset)
+        if not (offset >= 0 and count >= 1 and offset + count <= cycles.samples):
+            raise ChildError(
+                "bad_parameter",
+                f"sample subset {offset}+{count} is outside the {cycles.samples} samples",
+            )
+        cycles.use_sample_subset = True
+        cycles.sample_offset = offset
+        cycles.sample_subset_length = count
+    adaptive = req.get("adaptive")
+    cycles.use_adaptive_sampling = saved.get("adaptive", False) if adaptive is None else adaptive
+    originals = saved.get("denoising_passes", {})
+    for vl in scene.view_layers:
+        vl.cycles.denoising_store_passes = bool(req.get("denoise_data")) or originals.get(
+            vl.name, False
+        )
+    return [vl.name for vl in scene.view_layers if vl.use]
+
+
 def _image_settings(settings: Any) -> dict[str, Any]:
     names = ("media_type", "file_format", "color_mode", "color_depth", "quality", "exr_codec")
     return {name: getattr(settings, name) for name in names if hasattr(settings, name)}
@@ -318,34 +436,34 @@ def _restore_image_settings(settings: Any, saved: dict[str, Any]) -> None:
 
 
 def _setup_gpu(backend: str | None) -> str:
-    """Select ``backend`` (or the first that has a device) and enable its GPUs, or raise."""
+    """Select ``backend`` (or the best that has a device) and enable its GPUs, or raise."""
     prefs = bpy.context.preferences.addons["cycles"].preferences
-    wanted = [backend.upper()] if backend else list(GPU_BACKENDS)
-    found: list[str] = []
-    for name in wanted:
+    found: dict[str, int | None] = {}
+    for name in [backend.upper()] if backend else GPU_BACKENDS:
         try:
             prefs.compute_device_type = name
         except TypeError:
-            found.append(f"{name}: not supported by this Blender build")
+            found[name] = None
             continue
         prefs.refresh_devices()
-        devices = prefs.get_devices_for_type(name)
-        gpus = [d for d in devices if d.type == name]
-        if not gpus:
-            found.append(f"{name}: no devices")
-            continue
-        for device in devices:
-            # Never mix CPU into GPU tiles: sampling features differ between devices.
-            device.use = device.type == name
-        log("gpu", backend=name, devices=[d.name for d in gpus])
-        return name
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    raise ChildError(
-        "device_unavailable",
-        f"no GPU for Cycles ({'; '.join(found)})"
-        + (f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
-        backends=found,
-    )
+        found[name] = sum(1 for d in prefs.get_devices_for_type(name) if d.type == name)
+    chosen, reasons = choose_backend(found, backend)
+    if chosen is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ChildError(
+            "device_unavailable",
+            f"no GPU for Cycles ({'; '.join(reasons)})"
+            + (f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
+            backends=reasons,
+        )
+    prefs.compute_device_type = chosen
+    prefs.refresh_devices()
+    devices = prefs.get_devices_for_type(chosen)
+    for device in devices:
+        # Never mix CPU into GPU tiles: sampling features differ between devices.
+        device.use = device.type == chosen
+    log("gpu", backend=chosen, devices=[d.name for d in devices if d.type == chosen])
+    return chosen
 
 
 # --- inspection --------------------------------------------------------------------------------
@@ -505,6 +623,7 @@ def serve(session: Session, cmd_fd: int, reply_fd: int) -> int:
         "open": lambda req: session.open(req["path"]),
         "inspect": lambda req: session.inspect(req["path"]),
         "render": session.render,
+        "denoise": session.denoise,
         "convert": session.convert,
     }
     while True:

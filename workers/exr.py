@@ -1,9 +1,10 @@
-"""Reading and writing RGBA OpenEXR images (tiles and frames) through the OpenEXR bindings."""
+"""Reading and writing OpenEXR images (RGBA and multilayer) through the OpenEXR bindings."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,100 @@ def write_rgba(path: Path, array: npt.NDArray[Any], compression: str = "zip") ->
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with OpenEXR.File(header, {"RGBA": pixels}) as exr:
+            exr.write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# --- multilayer images (every pass of every view layer) -----------------------------------------
+
+#: header attributes every EXR has; the rest (Cycles' ``cycles.*`` statistics, Cryptomatte's
+#: ``cryptomatte/*`` manifests, Blender's stamp) is metadata a layered image carries along
+_STRUCTURAL_ATTRS = frozenset(
+    {
+        "channels", "compression", "dataWindow", "displayWindow", "lineOrder",
+        "pixelAspectRatio", "screenWindowCenter", "screenWindowWidth", "type", "name",
+        "chunkCount", "tiles", "version", "view", "multiView",
+    }
+)  # fmt: skip
+
+
+@dataclass
+class LayeredImage:
+    """Every channel of a multilayer EXR by its full name (``ViewLayer.Combined.R``), rows
+    top-down, float32; ``attrs`` holds the string metadata (Cycles' sample counts, Cryptomatte
+    manifests) a writer must keep."""
+
+    channels: dict[str, npt.NDArray[np.float32]]
+    attrs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(height, width)."""
+        first = next(iter(self.channels.values()))
+        return int(first.shape[0]), int(first.shape[1])
+
+    def passes(self) -> list[str]:
+        """``Layer.Pass`` names, in file order (a pass's channels share everything but the last
+        dotted part)."""
+        return list(dict.fromkeys(name.rsplit(".", 1)[0] for name in self.channels if "." in name))
+
+    def rgba(self, pass_name: str) -> npt.NDArray[np.float32]:
+        """The (H, W, 4) RGBA of ``pass_name`` (``ViewLayer.Combined``); alpha 1 if absent."""
+        planes = [self.channels.get(f"{pass_name}.{c}") for c in "RGBA"]
+        red, green, blue, alpha = planes
+        if red is None or green is None or blue is None:
+            raise RenderError(
+                f"the image has no {pass_name} RGB channels (it has {', '.join(self.passes())})"
+            )
+        if alpha is None:
+            alpha = np.ones(red.shape, np.float32)
+        return np.stack([red, green, blue, alpha], axis=-1)
+
+
+def read_layers(path: Path) -> LayeredImage:
+    """Read every channel of every part of an EXR (Blender 5 writes one part per pass)."""
+    channels: dict[str, npt.NDArray[np.float32]] = {}
+    attrs: dict[str, str] = {}
+    try:
+        with OpenEXR.File(str(path), separate_channels=True) as exr:
+            for part in exr.parts:
+                for name, channel in part.channels.items():
+                    channels[name] = np.asarray(channel.pixels).astype(np.float32, copy=False)
+                for key, value in part.header.items():
+                    if isinstance(value, str) and key not in _STRUCTURAL_ATTRS:
+                        attrs.setdefault(key, value)
+    except Exception as exc:  # the bindings raise bare RuntimeError/OSError for any bad file
+        raise RenderError(f"cannot read EXR image {path}: {exc}", path=str(path)) from exc
+    if not channels:
+        raise RenderError(f"EXR image {path} has no channels", path=str(path))
+    return LayeredImage(channels, attrs)
+
+
+def write_layers(path: Path, image: LayeredImage, compression: str = "zip") -> None:
+    """Write ``image`` as one single-part EXR (the layout Cycles' standalone denoiser and merger
+    read: OpenImageIO sees only the first part of a file) atomically (temp, rename)."""
+    if compression not in COMPRESSIONS:
+        raise BadParameter(
+            f"EXR compression {compression!r} is not one of {', '.join(COMPRESSIONS)}"
+        )
+    shapes = {plane.shape for plane in image.channels.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise BadParameter(f"a layered image's channels must share one (H, W) shape, not {shapes}")
+    header: dict[str, Any] = {
+        **image.attrs,
+        "compression": COMPRESSIONS[compression],
+        "type": OpenEXR.scanlineimage,
+    }
+    planes = {
+        name: np.ascontiguousarray(plane, dtype=np.float32)
+        for name, plane in image.channels.items()
+    }
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with OpenEXR.File(header, planes) as exr:
             exr.write(str(tmp))
         os.replace(tmp, path)
     finally:

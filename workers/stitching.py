@@ -10,22 +10,24 @@ import numpy.typing as npt
 
 from farm.errors import RenderError
 from farm.tiling import TilePlan, crop_box, frame_box
+from workers.exr import LayeredImage
 
 
 def stitch(
     width: int, height: int, tiles: Sequence[tuple[TilePlan, npt.NDArray[Any]]]
 ) -> npt.NDArray[np.float32]:
-    """Place each tile's core into a float32 (height, width, 4) frame, rows top-down.
+    """Place each tile's core into a float32 (height, width, C) frame, rows top-down.
 
-    Each array is the tile's rendered region (``plan.render``) top-down, as read from its EXR.
-    Raises RenderError when a tile has the wrong size or lies outside the frame, or when the
-    cores do not cover every pixel exactly once.
+    Each array is the tile's rendered region (``plan.render``) top-down, as read from its EXR,
+    with C channels (4 for RGBA; every tile the same). Raises RenderError when a tile has the
+    wrong size or lies outside the frame, or when the cores do not cover every pixel exactly once.
     """
-    frame = np.zeros((height, width, 4), np.float32)
+    depth = tiles[0][1].shape[2] if tiles and tiles[0][1].ndim == 3 else 4
+    frame = np.zeros((height, width, depth), np.float32)
     covered = np.zeros((height, width), np.int32)
     for plan, pixels in tiles:
         r = plan.render
-        want = (r.height, r.width, 4)
+        want = (r.height, r.width, depth)
         if pixels.shape != want:
             raise RenderError(
                 f"tile {plan.index} is {pixels.shape}, expected {want} for its render area",
@@ -49,3 +51,33 @@ def stitch(
             doubled_px=doubled,
         )
     return frame
+
+
+def stitch_layers(
+    width: int, height: int, tiles: Sequence[tuple[TilePlan, LayeredImage]]
+) -> LayeredImage:
+    """Stitch multilayer tiles pass by pass: every channel of every view layer, exactly.
+
+    Every tile must hold the same channels (a tile missing a pass is refused, never filled with
+    zeros). Metadata comes from the first tile: Cycles' sample counts and the Cryptomatte
+    manifests (which list the scene's objects, not a tile's) are the same in every tile.
+    """
+    if not tiles:
+        raise RenderError(f"no tiles to stitch into the {width}x{height} frame")
+    names = list(tiles[0][1].channels)
+    for plan, image in tiles[1:]:
+        if set(image.channels) != set(names):
+            extra = sorted(set(image.channels) ^ set(names))
+            raise RenderError(
+                f"tile {plan.index} has different passes from tile {tiles[0][0].index}: "
+                f"{', '.join(extra[:6])}",
+                tile=plan.index,
+            )
+    # One (H, W, C) stack per tile keeps the coverage checks in one place (stitch).
+    stacked = stitch(
+        width,
+        height,
+        [(plan, np.stack([image.channels[n] for n in names], axis=-1)) for plan, image in tiles],
+    )
+    channels = {name: np.ascontiguousarray(stacked[..., i]) for i, name in enumerate(names)}
+    return LayeredImage(channels, dict(tiles[0][1].attrs))
