@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from farm import metrics
 from farm.devices import Device, host_devices, host_encoder_budget
 from farm.errors import FarmError, NvmlError
 from farm.nvml import GpuInfo, Nvml
@@ -59,6 +60,8 @@ class DeviceAgent:
             except NvmlError as exc:
                 faults[device.id] = exc.message
         self.drifts = self._reconcile(gpus) if gpus else []
+        metrics.observe_gpus(self.devices, gpus)
+        energy = {d.id: g.energy_j for d in self.devices for g in gpus if d.index == g.index}
         offers = []
         for device in self.devices:
             # this agent knows only its own pids: a stream service's process beside a render
@@ -75,6 +78,7 @@ class DeviceAgent:
                     available=device.id not in faults,
                     unavailable_reason=faults.get(device.id, ""),
                     unexplained_vram_mib=unexplained,
+                    energy_j=energy.get(device.id),
                 )
             )
         return offers

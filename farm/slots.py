@@ -3,6 +3,7 @@ renders and streams through fenced, expiring leases held in Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -29,6 +30,8 @@ class Request:
     device_ids: tuple[str, ...] = ()
     project: str = ""
     role: str = ""
+    #: the job the lease works for (usage accounting); empty for streams
+    job: str = ""
     #: a stream may revoke render leases when nothing else has room
     preempt: bool = False
 
@@ -98,6 +101,8 @@ class DeviceOffer:
     available: bool = True
     unavailable_reason: str = ""
     unexplained_vram_mib: int = 0
+    #: NVML's energy counter in joules (since the driver loaded); None where not reported
+    energy_j: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +115,7 @@ class DeviceOffer:
             "available": "1" if self.available else "0",
             "unavailable_reason": self.unavailable_reason,
             "unexplained_vram_mib": self.unexplained_vram_mib,
+            "energy_j": -1 if self.energy_j is None else self.energy_j,
         }
 
 
@@ -163,7 +169,7 @@ class SlotAllocator:
                 self._now(), request.kind, holder, lease_id, request.vram_mib,
                 request.encoder_sessions, request.render_slots, self.ttl_ms,
                 ",".join(request.classes), ",".join(request.device_ids),
-                "1" if request.preempt else "0", request.project,
+                "1" if request.preempt else "0", request.project, request.job,
             ],
         )  # fmt: skip
         outcome = _text(reply[0])
@@ -211,7 +217,7 @@ class SlotAllocator:
         return Lease(lease.id, lease.holder, lease.kind, lease.device, lease.token, int(reply[1]))
 
     def release(self, lease: Lease) -> bool:
-        return bool(guard(self._release, args=[lease.id, lease.token]))
+        return bool(guard(self._release, args=[lease.id, lease.token, self._now()]))
 
     def check(self, lease: Lease) -> bool:
         """The fencing check: is this lease still held, with this token, unexpired?"""
@@ -242,10 +248,7 @@ class SlotAllocator:
                 project=request.project,
                 role=request.role,
             )
-        return Request(
-            request.kind, request.vram_mib, request.encoder_sessions, request.render_slots,
-            classes, request.device_ids, request.project, request.role, request.preempt,
-        )  # fmt: skip
+        return dataclasses.replace(request, classes=classes)
 
     # --- reading -------------------------------------------------------------------------------
 

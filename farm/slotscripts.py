@@ -22,10 +22,40 @@ local function csv_set(text)
   return out
 end
 
--- End a lease: give back exactly its amounts, remember why for its late holder.
-local function free(id, why)
+-- What a lease cost, appended when it ends: device-seconds from its grant to its end (never
+-- past its expiry: a dead holder is charged until its lease ran out, not until it was found),
+-- and the device's measured energy over it where an agent reports NVML's energy counter.
+local function record_usage(id, l, why, now)
+  local project = l[7]
+  if not project or project == '' then project = 'unassigned' end
+  local d = redis.call('HMGET', P .. 'device:' .. l[1], 'class', 'model', 'epl')
+  local class = d[1] or 'unknown'
+  local start = tonumber(l[9] or now)
+  local stop = math.max(start, math.min(now, tonumber(l[10] or now)))
+  local secs = (stop - start) / 1000
+  local joules = ''
+  if l[11] then joules = math.max(0, tonumber(d[3] or '0') - tonumber(l[11])) end
+  redis.call('XADD', P .. 'usage:' .. project, '*', 'lease', id, 'project', project,
+             'job', l[8] or '', 'holder', l[12] or '', 'kind', l[6] or '', 'device', l[1],
+             'class', class, 'model', d[2] or '', 'host', l[5] or '', 'vram', l[2],
+             'enc', l[3], 'slots', l[4], 'start_ms', start, 'end_ms', stop,
+             'energy_j', joules, 'why', why)
+  redis.call('SADD', P .. 'usage-projects', project)
+  local tk = P .. 'usage:' .. project .. ':totals'
+  redis.call('HINCRBYFLOAT', tk, 's|' .. class .. '|' .. (l[6] or ''), secs)
+  if joules == '' then
+    redis.call('HINCRBYFLOAT', tk, 'u|' .. class, secs)
+  else
+    redis.call('HINCRBYFLOAT', tk, 'j|' .. class, joules)
+  end
+end
+
+-- End a lease: give back exactly its amounts, record its usage, remember why for its late
+-- holder. ``now`` (epoch ms) is when it ended.
+local function free(id, why, now)
   local lk = P .. 'lease:' .. id
-  local l = redis.call('HMGET', lk, 'device', 'vram', 'enc', 'slots', 'host')
+  local l = redis.call('HMGET', lk, 'device', 'vram', 'enc', 'slots', 'host', 'kind', 'project',
+                       'job', 'granted', 'expires', 'epl0', 'holder')
   redis.call('ZREM', P .. 'lease-expiry', id)
   if not l[1] then return false end
   local dk = P .. 'device:' .. l[1]
@@ -36,6 +66,7 @@ local function free(id, why)
     redis.call('HINCRBY', P .. 'host:' .. l[5], 'used_enc', 0 - tonumber(l[3]))
   end
   redis.call('SREM', dk .. ':leases', id)
+  record_usage(id, l, why, now)
   redis.call('DEL', lk)
   -- the reason is kept for a holder that did not end the lease itself (expired, revoked)
   if why ~= 'released' then redis.call('SET', lk .. ':gone', why, 'PX', 600000) end
@@ -47,13 +78,13 @@ end
 
 local function reclaim_expired(now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease-expiry', '-inf', now)) do
-    free(id, 'expired')
+    free(id, 'expired', now)
   end
 end
 """
 
 # ARGV: now|'', kind, holder, lease_id, vram, enc, slots, ttl_ms, classes csv, device ids csv,
-#       preempt '1'|'0', project
+#       preempt '1'|'0', project, job
 # -> {'ok', device, token, expires_ms, revoked} | {'never'} | {'busy'}
 ACQUIRE = (
     PRELUDE
@@ -79,7 +110,7 @@ for _, d in ipairs(devices) do
   local alive = tonumber(f[1] or '0') >= now
   if not alive then
     for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
-      free(id, "revoked: the device's agent stopped answering")
+      free(id, "revoked: the device's agent stopped answering", now)
       -- freeing gave encoder sessions back to a host: read its budget again
       host_room = {}
     end
@@ -141,7 +172,7 @@ if best == nil then
   table.sort(renders, function(a, b) return a[2] > b[2] end)
   for _, r in ipairs(renders) do
     if fv >= vram and fe >= enc and fs >= slots then break end
-    free(r[1], 'revoked: preempted by a stream')
+    free(r[1], 'revoked: preempted by a stream', now)
     fv, fe, fs = fv + r[3], fe + r[4], fs + r[5]
     revoked = revoked + 1
   end
@@ -153,7 +184,10 @@ local expires = now + tonumber(ARGV[8])
 local id = ARGV[4]
 redis.call('HSET', P .. 'lease:' .. id, 'holder', ARGV[3], 'kind', kind, 'device', best,
            'vram', vram, 'enc', enc, 'slots', slots, 'host', best_f[2], 'token', token,
-           'expires', expires, 'project', ARGV[12], 'granted', now)
+           'expires', expires, 'project', ARGV[12], 'granted', now, 'job', ARGV[13] or '')
+-- where an agent reports the device's energy counter, the lease's share of it starts here
+local energy = redis.call('HMGET', dk, 'energy_by', 'epl')
+if energy[1] then redis.call('HSET', P .. 'lease:' .. id, 'epl0', energy[2] or '0') end
 redis.call('DEL', P .. 'lease:' .. id .. ':gone')
 redis.call('ZADD', P .. 'lease-expiry', expires, id)
 redis.call('SADD', dk .. ':leases', id)
@@ -176,11 +210,11 @@ if not l[1] or l[1] ~= ARGV[3] then
   return {'gone', redis.call('GET', lk .. ':gone') or 'unknown lease'}
 end
 if tonumber(l[2]) < now then
-  free(ARGV[2], 'expired')
+  free(ARGV[2], 'expired', now)
   return {'gone', 'expired'}
 end
 if tonumber(redis.call('HGET', P .. 'device:' .. l[3], 'alive_until') or '0') < now then
-  free(ARGV[2], "revoked: the device's agent stopped answering")
+  free(ARGV[2], "revoked: the device's agent stopped answering", now)
   return {'gone', "revoked: the device's agent stopped answering"}
 end
 local expires = now + tonumber(ARGV[4])
@@ -190,12 +224,12 @@ return {'ok', expires}
 """
 )
 
-# ARGV: lease_id, token   -> 1 released | 0 not held
+# ARGV: lease_id, token, now|''   -> 1 released | 0 not held
 RELEASE = (
     PRELUDE
     + r"""
 if redis.call('HGET', P .. 'lease:' .. ARGV[1], 'token') ~= ARGV[2] then return 0 end
-free(ARGV[1], 'released')
+free(ARGV[1], 'released', clock(ARGV[3]))
 return 1
 """
 )
@@ -265,6 +299,28 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
              'unexplained_vram', d['unexplained_vram_mib'])
   for _, field in ipairs({'used_vram', 'used_enc', 'used_slots', 'token'}) do
     redis.call('HSETNX', dk, field, 0)
+  end
+  -- NVML's energy counter (J since the driver loaded; -1: not reported). One agent per device
+  -- reports it (another takes over when it dies); each increase is split evenly between the
+  -- device's leases (``epl``: energy per lease, cumulative) or counted idle when it has none.
+  local e = tonumber(d['energy_j'] or -1)
+  if e >= 0 then
+    local by = redis.call('HGET', dk, 'energy_by')
+    if by ~= ARGV[2] and (not by or redis.call('EXISTS', P .. 'agent:' .. by) == 0) then
+      redis.call('HSET', dk, 'energy_by', ARGV[2], 'energy_last', e)
+    elseif by == ARGV[2] then
+      local delta = e - tonumber(redis.call('HGET', dk, 'energy_last') or e)
+      if delta > 0 then
+        local n = redis.call('SCARD', dk .. ':leases')
+        if n > 0 then
+          redis.call('HINCRBYFLOAT', dk, 'epl', delta / n)
+        else
+          redis.call('HINCRBYFLOAT', dk, 'energy_idle', delta)
+        end
+      end
+      -- a smaller reading is a counter reset (driver reload): start again from it
+      redis.call('HSET', dk, 'energy_last', e)
+    end
   end
   redis.call('SADD', P .. 'devices', d['id'])
 end
