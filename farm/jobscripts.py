@@ -94,7 +94,14 @@ FINISH_TILE = (
     PRELUDE
     + """
 local tile = ARGV[2] .. ':' .. ARGV[3]
-if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
+local was = redis.call('HGET', KEYS[2], tile)
+if was == 'done' and redis.call('HGET', KEYS[2], tile .. ':a') == ARGV[4] then
+  -- the same commit again (its reply was lost to a Redis restart and the client retried):
+  -- answer as the first time, so a frame's last tile still gets its assembly queued
+  if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 1 then return 'frame_ready' end
+  return 'ok'
+end
+if was ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
 end
 if ARGV[8] ~= '' then
@@ -251,6 +258,39 @@ for i = 1, #frames, 2 do
     table.insert(out, 'f'); table.insert(out, frames[i])
   end
 end
+return out
+"""
+)
+
+# KEYS: job, tiles, events   ARGV: jid, ts
+# The user retries a failed job: every tile not done is queued again with a fresh attempt and
+# its failures forgotten, and the job runs again. Returns {'ok', frame, index, attempt, ...},
+# {'nothing'} when no tile is left to render, or {'job_<state>'} when the job has not failed.
+RETRY_FAILED = (
+    PRELUDE
+    + """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return {'no_job'} end
+if st ~= 'failed' then return {'job_' .. st} end
+local out = {'ok'}
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local name, value = all[i], all[i + 1]
+  local _, colons = string.gsub(name, ':', '')
+  if colons == 1 and value ~= 'done' then
+    local attempt = tonumber(redis.call('HGET', KEYS[2], name .. ':a') or '0') + 1
+    redis.call('HSET', KEYS[2], name, 'queued', name .. ':a', attempt)
+    redis.call('HDEL', KEYS[2], name .. ':f', name .. ':d')
+    local sep = string.find(name, ':')
+    local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
+    tile_event(KEYS[3], ARGV[1], ARGV[2], 'queued', frame, index, attempt, 'retried by the user')
+    table.insert(out, frame); table.insert(out, index); table.insert(out, tostring(attempt))
+  end
+end
+if #out == 1 then return {'nothing'} end
+redis.call('HSET', KEYS[1], 'reason', '')
+redis.call('HDEL', KEYS[1], 'finished_s')
+job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[2], '')
 return out
 """
 )

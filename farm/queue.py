@@ -7,11 +7,14 @@ farm's job store is (``farm.jobstore``); rq only carries the work to a worker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
 from typing import Any
 
 from rq import Queue, SimpleWorker
 from rq.job import Job
+from rq.utils import now
 
 from farm import keys, redisclient
 from farm.models import BlendSource, TileTask
@@ -101,7 +104,27 @@ class RenderQueue:
 
 
 class _FarmWorker(SimpleWorker):
-    """rq's in-process worker (no fork per job: the Blender child must outlive each tile)."""
+    """rq's in-process worker (no fork per job: the Blender child must outlive each tile).
+
+    rq's second signal is a cold shutdown: SystemExit raised wherever the task happens to be,
+    between a tile's upload and its commit for instance. Here every signal goes to the farm's
+    ``on_signal``, which ends the current task cleanly; rq only stops taking work.
+    """
+
+    on_signal: Callable[[int], None] | None = None
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGINT, self._farm_stop)
+        signal.signal(signal.SIGTERM, self._farm_stop)
+
+    def _farm_stop(self, signum: int, frame: FrameType | None) -> None:
+        first = not self._stop_requested and self._shutdown_requested_date is None
+        if self.on_signal is not None:
+            self.on_signal(signum)
+        if first:
+            self._shutdown_requested_date = now()
+            # raises StopRequested when idle; when busy, stops after the current task
+            self._shutdown()  # type: ignore[no-untyped-call]
 
 
 def run_worker(
@@ -111,8 +134,13 @@ def run_worker(
     *,
     burst: bool = False,
     log_level: str = "INFO",
+    on_signal: Callable[[int], None] | None = None,
 ) -> None:
-    """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty."""
+    """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty.
+
+    The first SIGINT/SIGTERM stops the worker taking work once the current task returns; every
+    signal is also passed to ``on_signal``, which decides how long the current task may run.
+    """
     worker = _FarmWorker(
         [RenderQueue(conn, device_class).queue],
         name=name,
@@ -121,8 +149,22 @@ def run_worker(
         worker_ttl=WORKER_TTL_S,
         log_job_description=False,
     )
+    worker.on_signal = on_signal
     logging.getLogger("rq.worker").setLevel(log_level)
     guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
+
+
+def depths(conn: Redis) -> dict[str, int]:
+    """Tasks waiting in each of the farm's queues (every queue rq knows named ``tessera-*``)."""
+    out: dict[str, int] = {}
+    for q in guard(Queue.all, connection=conn):
+        if q.name.startswith(f"{keys.PREFIX}-"):
+            out[q.name] = int(guard(_count, q))
+    return out
+
+
+def _count(q: Queue) -> int:
+    return int(q.count)
 
 
 def _rq_timeout(timeout_s: float) -> int:

@@ -101,3 +101,13 @@ def wait_for(
             if pred(event):
                 return event
     raise AssertionError(f"no such event of job {job_id} within {timeout_s} s")
+
+
+def until(pred: Callable[[], object], timeout_s: float = 30, what: str = "condition") -> None:
+    """Wait for ``pred`` to hold (polled every 50 ms), or fail saying what did not happen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not hold within {timeout_s} s")

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +21,9 @@ from farm.fakenvml import FakeNvml
 from farm.settings import Settings
 from farm.slots import Request, SlotAllocator
 from tests.blendscenes import make_scene
-from tests.farmprocs import WorkerProcess, submit, wait_for
+from tests.farmprocs import WorkerProcess, submit, until, wait_for
 from workers import exr
 from workers.child import BlenderChild
-
-
-def until(pred: Callable[[], object], timeout_s: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not hold within {timeout_s} s")
 
 
 @pytest.fixture

@@ -145,6 +145,9 @@ class BlenderChild:
                     pass_fds=(cmd_r, reply_w),
                     cwd=self.work_dir,
                     env=env,
+                    # its own process group: a terminal's Ctrl-C or a group SIGTERM reaches the
+                    # worker, which decides whether the tile in hand finishes (workers.shutdown)
+                    process_group=0,
                 )
         finally:
             os.close(cmd_r)
@@ -181,6 +184,17 @@ class BlenderChild:
                 self._proc.kill()
             self._proc.wait()
         self._cleanup()
+
+    def interrupt(self) -> None:
+        """SIGKILL the child from another thread than the one talking to it.
+
+        Only the signal: the talking thread sees the reply pipe close, reaps the child and
+        closes the pipes itself (closing them here would pull them from under its read).
+        """
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     def _cleanup(self) -> None:
         for fd in (self._cmd_fd, self._reply_fd):
@@ -225,10 +239,17 @@ class BlenderChild:
         samples: int | None,
         out_path: Path,
         timeout_s: float,
+        options: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Render ``rect`` of ``frame`` (the whole frame when None) to a 32-bit float RGBA EXR."""
+        """Render ``rect`` of ``frame`` (the whole frame when None) to a 32-bit float RGBA EXR.
+
+        ``options`` (see workers.blender_child.Session.render): ``layers`` (a multilayer EXR of
+        every pass), ``denoise_data``, ``sample_subset`` [offset, count], ``adaptive``,
+        ``backend``, ``allow_cpu_fallback``.
+        """
         where = f"tile x {rect.x0}-{rect.x1}, y {rect.y0}-{rect.y1}" if rect is not None else "full"
         request = {
+            **(options or {}),
             "op": "render",
             "path": str(path),
             "frame": frame,
@@ -245,6 +266,18 @@ class BlenderChild:
             frame=frame,
             rect=request["rect"],
         )
+
+    def denoise(
+        self, path: Path, in_path: Path, out_path: Path, timeout_s: float
+    ) -> dict[str, Any]:
+        """Denoise a stitched multilayer frame once (OIDN, Cycles' standalone denoiser)."""
+        request = {
+            "op": "denoise",
+            "path": str(path),
+            "in_path": str(in_path),
+            "out_path": str(out_path),
+        }
+        return self._call(request, timeout_s, f"denoising {Path(in_path).name}")
 
     def convert(
         self,

@@ -1,0 +1,91 @@
+"""Spot-safe workers: SIGTERM mid-tile loses no work, commits nothing twice, and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.blendscenes import make_scene
+from tests.farmprocs import WorkerProcess, submit, until, wait_for
+
+#: enough samples that the tile is still rendering when the signal comes (several seconds)
+SLOW_SAMPLES = 1500
+
+
+@pytest.fixture(scope="module")
+def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_scene(tmp_path_factory.mktemp("spot") / "slow.blend", width=96, height=54)
+
+
+def _commits(*workers: WorkerProcess) -> list[str]:
+    return [
+        line
+        for w in workers
+        for line in w.log_text().splitlines()
+        if "event=tile_done" in line and ("commit=ok" in line or "commit=frame_ready" in line)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("grace_s", "signals"),
+    [(0.5, 1), (120, 2)],
+    ids=["grace-runs-out", "second-sigterm"],
+)
+def test_sigterm_mid_tile_requeues_it_once_uncounted_and_the_worker_exits_0(
+    redis_url: str, tmp_path: Path, slow_scene: Path, grace_s: float, signals: int
+) -> None:
+    env = {"FARM_STOP_GRACE_S": str(grace_s), "FARM_CPU_THREADS": "1"}
+    a = WorkerProcess(redis_url, tmp_path, "spot", **env)
+    b: WorkerProcess | None = None
+    try:
+        store, job_id = submit(a.settings, slow_scene, tmp_path, tiles="1x1",
+                               samples=SLOW_SAMPLES)  # fmt: skip
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        blender = a.blender_pid()
+        a.proc.send_signal(signal.SIGTERM)
+        if signals == 2:
+            # signals of one kind do not queue: send the second once the first was handled
+            until(lambda: "event=worker_stopping" in a.log_text(), 10, "the first SIGTERM")
+            a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(30) == 0, a.log_text()
+        assert not os.path.exists(f"/proc/{blender}"), "the Blender child outlived its worker"
+        requeued = wait_for(store, job_id, lambda e: e.state == "queued" and bool(e.message), 10)
+        assert "worker stopped" in requeued.message and requeued.attempt == 2
+        # the stopping worker released its lease: a new worker gets the device at once
+        b = WorkerProcess(redis_url, tmp_path, "takeover", FARM_CPU_THREADS="2")
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 180)
+        status = store.status(job_id)
+        assert status.tile_failures == 0, "an abandoned tile is not a failed tile"
+        assert store.tile_attempt(job_id, 1, 0) == 2
+        assert len(_commits(a, b)) == 1 and "attempt=2" in _commits(b)[0]
+        assert (tmp_path / "o" / "frame_0001.exr").stat().st_size > 0
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+def test_sigterm_within_the_grace_period_lets_the_tile_finish_and_commit(
+    redis_url: str, tmp_path: Path, slow_scene: Path
+) -> None:
+    a = WorkerProcess(redis_url, tmp_path, "spot", FARM_STOP_GRACE_S="120")
+    b: WorkerProcess | None = None
+    try:
+        store, job_id = submit(a.settings, slow_scene, tmp_path, tiles="1x1", samples=300)
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(120) == 0, a.log_text()
+        assert len(_commits(a)) == 1 and "attempt=1" in _commits(a)[0]
+        # it took no more work: the frame's assembly waits for another worker
+        assert store.status(job_id).frames_done == 0
+        b = WorkerProcess(redis_url, tmp_path, "next")
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 120)
+        assert store.tile_attempt(job_id, 1, 0) == 1 and store.status(job_id).tile_failures == 0
+        assert _commits(b) == []
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
