@@ -1,0 +1,293 @@
+"""Stream density: how many 1280x720@30 sessions this machine sustains, and what a spectator costs.
+
+Both arms serve the test pattern from a child process on this machine (see bench/stream_latency.py):
+``ours`` is `farm stream` (one capture and one encode per session, whatever the number of
+viewers); ``plain`` is plain aiortc with its built-in encoder, one encoder per viewer
+(tests/encoder/plainservice.py). Viewers are aiortc clients in this process that receive every
+packet and count complete frames (RTP marker bit) without decoding them, so the cores go to the
+services being measured.
+
+- ``sessions``: sessions are added one at a time, each with one viewer; after --settle seconds
+  every session's delivered frame rate is measured over --window seconds. The figure is the most
+  sessions for which every session delivered >= --min-fps (the ramp stops at the first failure
+  or at --max-sessions).
+- ``spectators``: one session with its player; the service's CPU time (process and children,
+  from /proc) over --window seconds, then again with --spectators more viewers. Cost per
+  spectator = the difference / spectators, in % of one core. Arms alternate within each run;
+  figures are medians over --runs with [min..max].
+
+Targets: ours <= 3 % of a core per spectator and <= 0.1x plain aiortc's per-viewer cost.
+
+    python bench/stream_density.py [--size 1280x720] [--fps 30] [--max-sessions 16]
+        [--spectators 4] [--window 5] [--settle 2] [--runs 3] [--parts sessions,spectators]
+        [--plain-source live|pull] [--arms ours,plain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from farm.redisserver import RedisServer  # noqa: E402
+from tests.encoder.serviceprocess import ServiceProcess, ours_command, plain_command  # noqa: E402
+from tests.encoder.streamclient import StreamClient, Viewer  # noqa: E402
+
+TARGET_CORE_PCT = 3.0
+TARGET_RATIO = 0.1
+
+
+@dataclass
+class Options:
+    width: int
+    height: int
+    fps: int
+    window_s: float
+    settle_s: float
+
+
+@dataclass
+class Watched:
+    sid: str
+    viewers: list[Viewer]
+
+
+async def open_session(client: StreamClient, opts: Options) -> Watched:
+    created = await client.create_session("testpattern", opts.width, opts.height, opts.fps)
+    sid = str(created["session_id"])
+    return Watched(sid, [await client.join(sid, decode=False)])
+
+
+async def close_session(client: StreamClient, watched: Watched) -> None:
+    for viewer in watched.viewers:
+        await client.leave(watched.sid, viewer)
+    await client.delete_session(watched.sid)
+
+
+async def first_frames(viewers: list[Viewer], timeout_s: float = 30.0) -> None:
+    """Wait until every viewer has a frame (connected, keyframe in)."""
+    deadline = time.monotonic() + timeout_s
+    while any(v.frames_received == 0 for v in viewers):
+        if time.monotonic() > deadline:
+            raise TimeoutError("a viewer got no frame")
+        await asyncio.sleep(0.05)
+
+
+async def delivered_fps(viewers: list[Viewer], window_s: float) -> list[float]:
+    before = [v.frames_received for v in viewers]
+    started = time.monotonic()
+    await asyncio.sleep(window_s)
+    elapsed = time.monotonic() - started
+    return [(v.frames_received - b) / elapsed for v, b in zip(viewers, before, strict=True)]
+
+
+async def ramp(client: StreamClient, opts: Options, max_sessions: int, min_fps: float) -> int:
+    """The most sessions that all delivered >= min_fps."""
+    sessions: list[Watched] = []
+    sustained = 0
+    try:
+        for count in range(1, max_sessions + 1):
+            try:
+                sessions.append(await open_session(client, opts))
+                await first_frames([w.viewers[0] for w in sessions])
+            except Exception as exc:  # refused (no capacity) or no picture: the ramp ends
+                print(f"    {count} sessions: stopped ({exc})", flush=True)
+                break
+            await asyncio.sleep(opts.settle_s)
+            rates = await delivered_fps([w.viewers[0] for w in sessions], opts.window_s)
+            ok = min(rates) >= min_fps
+            print(
+                f"    {count:2} sessions: fps min {min(rates):5.1f} median "
+                f"{statistics.median(rates):5.1f}  {'ok' if ok else 'BELOW ' + str(min_fps)}",
+                flush=True,
+            )
+            if not ok:
+                break
+            sustained = count
+    finally:
+        for watched in sessions:
+            await close_session(client, watched)
+    return sustained
+
+
+async def spectator_cost(
+    client: StreamClient, service: ServiceProcess, opts: Options, spectators: int
+) -> tuple[float, float]:
+    """(CPU % of a core with the player alone, added % per spectator)."""
+    watched = await open_session(client, opts)
+    try:
+        await first_frames(watched.viewers)
+        await asyncio.sleep(opts.settle_s)
+        base = await cpu_pct(service, opts.window_s)
+        for _ in range(spectators):
+            watched.viewers.append(await client.join(watched.sid, role="spectator", decode=False))
+        await first_frames(watched.viewers)
+        await asyncio.sleep(opts.settle_s)
+        loaded = await cpu_pct(service, opts.window_s)
+        rates = await delivered_fps(watched.viewers, 1.0)
+        if min(rates) < opts.fps * 0.5:
+            print(f"    warning: a viewer got {min(rates):.1f} fps", flush=True)
+    finally:
+        await close_session(client, watched)
+    return base, (loaded - base) / spectators
+
+
+async def cpu_pct(service: ServiceProcess, window_s: float) -> float:
+    before, started = service.cpu_s(), time.monotonic()
+    await asyncio.sleep(window_s)
+    return 100 * (service.cpu_s() - before) / (time.monotonic() - started)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.2f} [{min(values):.2f}..{max(values):.2f}]"
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    width, height = (int(v) for v in args.size.lower().split("x"))
+    opts = Options(width, height, args.fps, args.window, args.settle)
+    parts = args.parts.split(",")
+    arms = args.arms.split(",")
+    figures: dict[str, Any] = {
+        "bench": "stream_density",
+        "size": args.size,
+        "fps": args.fps,
+        "runs": args.runs,
+        "spectators": args.spectators,
+        "cores": os.cpu_count(),
+        "plain_source": args.plain_source,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="stream-density-") as tmp,
+        RedisServer(Path(tmp) / "redis", unix_socket=False) as redis_server,
+    ):
+        env = {
+            "FARM_REDIS_URL": redis_server.url,
+            "FARM_STREAM_PORT": "0",
+            "FARM_STREAM_HOST": "127.0.0.1",
+            "FARM_CPU_ENCODE_SESSIONS": str(args.max_sessions + 1),
+            "FARM_LOG_LEVEL": "WARNING",
+        }
+        commands = {"ours": ours_command(), "plain": plain_command(args.plain_source)}
+        services = {a: ServiceProcess(commands[a], env, Path(tmp) / f"{a}.log") for a in arms}
+        try:
+            for service in services.values():
+                service.start()
+            async with aiohttp.ClientSession() as http:
+                clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
+                if "sessions" in parts:
+                    await run_sessions(args, opts, clients, figures)
+                if "spectators" in parts:
+                    await run_spectators(args, opts, clients, services, figures)
+        except BaseException:
+            for name, service in services.items():
+                if service.log is not None and service.log.exists():
+                    tail = service.log.read_text(errors="replace").splitlines()[-15:]
+                    print(f"--- {name} log tail:\n" + "\n".join(tail), file=sys.stderr)
+            raise
+        finally:
+            for service in services.values():
+                service.stop()
+    return figures
+
+
+async def run_sessions(
+    args: argparse.Namespace,
+    opts: Options,
+    clients: dict[str, StreamClient],
+    figures: dict[str, Any],
+) -> None:
+    print(f"\n== sessions: {opts.width}x{opts.height}@{opts.fps}, every one >= {args.min_fps} fps")
+    counts: dict[str, list[int]] = {arm: [] for arm in clients}
+    for index in range(args.runs):
+        order = list(clients) if index % 2 == 0 else list(reversed(clients))
+        for arm in order:
+            print(f"  run {index + 1} {arm}", flush=True)
+            counts[arm].append(await ramp(clients[arm], opts, args.max_sessions, args.min_fps))
+    for arm, values in counts.items():
+        figures[f"{arm}_max_sessions"] = statistics.median(values)
+        print(f"  {arm:5} sustained sessions: {statistics.median(values)} {values}")
+    if "ours" in counts and "plain" in counts and statistics.median(counts["plain"]) > 0:
+        ratio = statistics.median(counts["ours"]) / statistics.median(counts["plain"])
+        figures["max_sessions_ratio_ours_to_plain"] = round(ratio, 3)
+        print(f"  ours / plain: {ratio:.2f}")
+
+
+async def run_spectators(
+    args: argparse.Namespace,
+    opts: Options,
+    clients: dict[str, StreamClient],
+    services: dict[str, ServiceProcess],
+    figures: dict[str, Any],
+) -> None:
+    print(f"\n== spectators: one {opts.width}x{opts.height}@{opts.fps} session, "
+          f"+{args.spectators} viewers (CPU of the service, % of one core)")  # fmt: skip
+    base: dict[str, list[float]] = {arm: [] for arm in clients}
+    each: dict[str, list[float]] = {arm: [] for arm in clients}
+    for index in range(args.runs):
+        order = list(clients) if index % 2 == 0 else list(reversed(clients))
+        for arm in order:
+            b, e = await spectator_cost(clients[arm], services[arm], opts, args.spectators)
+            base[arm].append(b)
+            each[arm].append(e)
+            print(f"  run {index + 1} {arm:5}: session {b:6.1f} %   per added viewer {e:6.2f} %")
+    for arm in clients:
+        figures[f"{arm}_session_core_pct"] = round(statistics.median(base[arm]), 2)
+        figures[f"{arm}_per_viewer_core_pct"] = round(statistics.median(each[arm]), 3)
+        print(f"  {arm:5} session {spread(base[arm])} %   per viewer {spread(each[arm])} %")
+    if "ours" in each and "plain" in each:
+        ratios = [o / p for o, p in zip(each["ours"], each["plain"], strict=True) if p > 0]
+        if ratios:
+            figures["per_viewer_ratio_ours_to_plain"] = round(statistics.median(ratios), 3)
+            print(f"  ours / plain per viewer: {spread(ratios)}")
+    print("\ntargets")
+    if "ours_per_viewer_core_pct" in figures:
+        value = figures["ours_per_viewer_core_pct"]
+        verdict = "met" if value <= TARGET_CORE_PCT else "NOT met"
+        print(f"  ours per spectator {value} % of a core (target <= {TARGET_CORE_PCT}): {verdict}")
+    if "per_viewer_ratio_ours_to_plain" in figures:
+        value = figures["per_viewer_ratio_ours_to_plain"]
+        verdict = "met" if value <= TARGET_RATIO else "NOT met"
+        print(f"  ours / plain per viewer {value} (target <= {TARGET_RATIO}): {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="1280x720")
+    parser.add_argument("--fps", type=int, default=30)
+    parser.add_argument("--min-fps", type=float, default=29.0)
+    parser.add_argument("--max-sessions", type=int, default=16)
+    parser.add_argument("--spectators", type=int, default=4)
+    parser.add_argument("--window", type=float, default=5.0, help="measuring window, s")
+    parser.add_argument("--settle", type=float, default=2.0, help="wait before measuring, s")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--parts", default="sessions,spectators")
+    parser.add_argument(
+        "--plain-source",
+        choices=("live", "pull"),
+        default="live",
+        help="plain aiortc's source: live (frames at the source's clock, queued per viewer, as "
+        "aiortc's MediaPlayer/MediaRelay) or pull (painted when the encoder asks)",
+    )
+    parser.add_argument("--arms", default="ours,plain", help="which arms to run (smoke tests)")
+    args = parser.parse_args()
+    started = time.monotonic()
+    figures = asyncio.run(main_async(args))
+    figures["wall_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

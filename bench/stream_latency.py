@@ -1,0 +1,453 @@
+"""Capture-to-decoded-frame latency of the test pattern: our stream service next to plain aiortc.
+
+Both arms serve the same source (encoder/testpattern.py: every frame stamped with its counter and
+its capture time, time.time() in microseconds) from a child process on this machine:
+
+- ``ours``: `farm stream` (PyAV encoder, h264_nvenc where it opens, else libx264; aiortc only
+  packetizes);
+- ``plain``: plain aiortc with its built-in encoder (libx264, one per viewer), fed the same
+  frames from a MediaStreamTrack (tests/encoder/plainservice.py). With --plain-source live
+  (default) the source runs at its own clock and each viewer's encoder reads a FIFO, as with
+  aiortc's MediaPlayer and MediaRelay (a frame waits while the encoder is behind); with
+  --plain-source pull the track paints a frame when the encoder asks, so nothing ever waits
+  but the source's rate drops to what the encoder keeps up with.
+
+The receiver is one aiortc client (tests/encoder/streamclient.py) whose jitter buffer completes a
+frame on the RTP marker bit; the stock buffer holds every frame until the next one starts, which
+would add a whole frame interval to both arms. Latency = the moment the decoded frame reaches the
+client minus the capture time read back from its stamp (same host, same clock). The first
+--warmup frames of each session (120: two seconds at 60 fps) are not counted.
+
+Conditions: ``idle``; ``loaded``: --load sessions (four more sessions of the same size and rate
+on the arm being measured, each with a viewer that receives but does not decode) or --load hog
+(one busy process per core). Arms alternate within each run; each figure is the median over
+--runs with [min..max]. Ratios compare ours with plain aiortc from the same run.
+
+What users feel: the same source played by headless Chromium (the player page, /player), each
+frame's counter and capture time read from a canvas in requestVideoFrameCallback; latency to the
+frame's expected display time, p50/p95 against the sender's clock.
+
+Targets: idle p50 within 1.1x of plain aiortc and p99 <= 2x p50; loaded p95 <= 0.5x plain's.
+
+    python bench/stream_latency.py [--frames 600] [--size 1280x720] [--fps 60] [--runs 3]
+        [--conditions idle,loaded] [--load sessions|hog] [--browser-frames 300]
+        [--plain-source live|pull] [--arms ours,plain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from farm import lifetime  # noqa: E402
+from farm.redisserver import RedisServer  # noqa: E402
+from tests.encoder.serviceprocess import ServiceProcess, ours_command, plain_command  # noqa: E402
+from tests.encoder.streamclient import ReceivedFrame, StreamClient, Viewer, read_stamp  # noqa: E402
+
+ARMS = ("ours", "plain")
+LOAD_SESSIONS = 4
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--autoplay-policy=no-user-gesture-required",
+]
+#: reads the stamp from a canvas for each frame Chromium presents; resolves with
+#: [counter, capture ms, expected display ms, callback ms] (epoch ms) per frame
+PROBE_JS = """
+([count, warmup]) => new Promise((resolve, reject) => {
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = 512; canvas.height = 48;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  const origin = performance.timeOrigin, out = [];
+  let seen = 0;
+  const word = (px, row) => {
+    let value = 0;
+    for (let i = 31; i >= 0; i--) {
+      const at = ((row * 16 + 8) * 512 + i * 16 + 8) * 4;
+      value = value * 2 + (px[at] + px[at + 1] + px[at + 2] >= 384 ? 1 : 0);
+    }
+    return value;
+  };
+  const onFrame = (now, meta) => {
+    ctx.drawImage(video, 0, 0, 512, 48, 0, 0, 512, 48);
+    const px = ctx.getImageData(0, 0, 512, 48).data;
+    const captureMs = (word(px, 1) + word(px, 2) * 4294967296) / 1000;
+    const displayMs = origin + meta.expectedDisplayTime;
+    if (++seen > warmup) out.push([word(px, 0), captureMs, displayMs, origin + now]);
+    if (out.length >= count) resolve(out); else video.requestVideoFrameCallback(onFrame);
+  };
+  if (!video.requestVideoFrameCallback) reject(new Error("no requestVideoFrameCallback"));
+  video.requestVideoFrameCallback(onFrame);
+})
+"""
+
+
+@dataclass
+class Run:
+    """One session measured: latency per frame (ms) and how many of the sent frames arrived."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    counters: list[int] = field(default_factory=list)
+    arrivals_s: list[float] = field(default_factory=list)
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q))
+
+    @property
+    def delivered(self) -> float:
+        """Frames that arrived / frames the sender stamped over the same span."""
+        if len(self.counters) < 2:
+            return 0.0
+        return len(set(self.counters)) / (max(self.counters) - min(self.counters) + 1)
+
+    @property
+    def fps(self) -> float:
+        """Frames received per second over the measured span."""
+        span = max(self.arrivals_s, default=0.0) - min(self.arrivals_s, default=0.0)
+        return (len(self.arrivals_s) - 1) / span if span > 0 else 0.0
+
+
+@dataclass
+class Options:
+    frames: int
+    warmup: int
+    width: int
+    height: int
+    fps: int
+    timeout_s: float
+
+
+async def measure_aiortc(client: StreamClient, opts: Options) -> Run:
+    """One session with one decoding viewer; the latency of opts.frames frames after warm-up."""
+    run = Run()
+    done = asyncio.Event()
+    seen = 0
+
+    def on_frame(received: ReceivedFrame) -> None:
+        nonlocal seen
+        seen += 1
+        if seen <= opts.warmup or done.is_set():
+            return
+        stamp = read_stamp(received.frame)
+        run.latencies_ms.append((received.arrival_s - stamp.capture_s) * 1000)
+        run.counters.append(stamp.counter)
+        run.arrivals_s.append(received.arrival_s)
+        if len(run.latencies_ms) >= opts.frames:
+            done.set()
+
+    async with session(client, opts) as sid:
+        viewer = await client.join(sid, on_frame=on_frame)
+        try:
+            await asyncio.wait_for(done.wait(), opts.timeout_s)
+        finally:
+            await client.leave(sid, viewer)
+    return run
+
+
+async def measure_browser(client: StreamClient, browser: Any, opts: Options) -> Run:
+    """One session played by the player page in Chromium; latency to expected display time."""
+    run = Run()
+    async with session(client, opts) as sid:
+        page = await browser.new_page(viewport={"width": 1600, "height": 900})
+        try:
+            await page.goto(f"{client.base_url}/player?session={sid}")
+            await page.wait_for_function(
+                "window.tessera && tessera.frameWidth > 0", timeout=opts.timeout_s * 1000
+            )
+            rows = await asyncio.wait_for(
+                page.evaluate(PROBE_JS, [opts.frames, opts.warmup]), opts.timeout_s
+            )
+        finally:
+            await page.close(run_before_unload=True)
+    for counter, capture_ms, display_ms, callback_ms in rows:
+        run.counters.append(int(counter))
+        run.arrivals_s.append(callback_ms / 1000)
+        run.latencies_ms.append(display_ms - capture_ms)
+    return run
+
+
+@asynccontextmanager
+async def session(client: StreamClient, opts: Options) -> AsyncIterator[str]:
+    created = await client.create_session("testpattern", opts.width, opts.height, opts.fps)
+    try:
+        yield str(created["session_id"])
+    finally:
+        await client.delete_session(str(created["session_id"]))
+
+
+@asynccontextmanager
+async def loaded_sessions(client: StreamClient, opts: Options, count: int) -> AsyncIterator[None]:
+    """`count` more sessions on one service, each with a viewer that receives without decoding."""
+    sids: list[str] = []
+    viewers: list[tuple[str, Viewer]] = []
+    try:
+        for _ in range(count):
+            created = await client.create_session("testpattern", opts.width, opts.height, opts.fps)
+            sids.append(str(created["session_id"]))
+            viewers.append((sids[-1], await client.join(sids[-1], decode=False)))
+        yield
+    finally:
+        for sid, viewer in viewers:
+            await client.leave(sid, viewer)
+        for sid in sids:
+            await client.delete_session(sid)
+
+
+class CpuHog:
+    """One busy process per core, for the `hog` load."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> CpuHog:
+        for _ in range(os.cpu_count() or 1):
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    preexec_fn=lifetime.die_with_parent(signal.SIGKILL),
+                )
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+Measure = Callable[[StreamClient, Options], Any]
+
+
+async def measure_condition(
+    clients: dict[str, StreamClient],
+    opts: Options,
+    runs: int,
+    condition: str,
+    load: str,
+    measure: Measure,
+) -> dict[str, list[Run]]:
+    results: dict[str, list[Run]] = {arm: [] for arm in clients}
+    for index in range(runs):
+        # alternate which arm goes first, so a drift of the machine hits both alike
+        order = list(clients) if index % 2 == 0 else list(reversed(clients))
+        for arm in order:
+            client = clients[arm]
+            if condition == "idle":
+                run = await measure(client, opts)
+            elif load == "hog":
+                with CpuHog():
+                    run = await measure(client, opts)
+            else:
+                async with loaded_sessions(client, opts, LOAD_SESSIONS):
+                    run = await measure(client, opts)
+            results[arm].append(run)
+            print(
+                f"  {condition:6} run {index + 1} {arm:5}: p50 {run.percentile(50):6.1f}  "
+                f"p95 {run.percentile(95):6.1f}  p99 {run.percentile(99):6.1f} ms  "
+                f"delivered {100 * run.delivered:5.1f} %  {run.fps:5.1f} fps",
+                flush=True,
+            )
+    return results
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.2f} [{min(values):.2f}..{max(values):.2f}]"
+
+
+def summarize(
+    prefix: str, results: dict[str, list[Run]], figures: dict[str, Any], title: str
+) -> None:
+    print(f"\n{title}")
+    for arm, runs in results.items():
+        cells = []
+        for q in (50, 95, 99):
+            values = [r.percentile(q) for r in runs]
+            figures[f"{prefix}_{arm}_p{q}_ms"] = round(statistics.median(values), 3)
+            cells.append(f"p{q} {spread(values)}")
+        delivered = statistics.median(r.delivered for r in runs)
+        fps = statistics.median(r.fps for r in runs)
+        figures[f"{prefix}_{arm}_delivered_pct"] = round(100 * delivered, 2)
+        figures[f"{prefix}_{arm}_fps"] = round(fps, 2)
+        print(
+            f"  {arm:5}  " + "  ".join(cells) + f"  ms   delivered {100 * delivered:.1f} %"
+            f"  {fps:.1f} fps"
+        )
+    if "ours" in results and "plain" in results:
+        for q in (50, 95, 99):
+            ratios = [
+                o.percentile(q) / p.percentile(q)
+                for o, p in zip(results["ours"], results["plain"], strict=True)
+            ]
+            figures[f"{prefix}_p{q}_ratio_ours_to_plain"] = round(statistics.median(ratios), 3)
+            print(f"  ours / plain p{q}: {spread(ratios)}")
+    if "ours" in results:
+        tails = [r.percentile(99) / r.percentile(50) for r in results["ours"]]
+        figures[f"{prefix}_ours_p99_to_p50"] = round(statistics.median(tails), 3)
+        print(f"  ours p99 / p50:     {spread(tails)}")
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    width, height = (int(v) for v in args.size.lower().split("x"))
+    opts = Options(
+        frames=args.frames,
+        warmup=args.warmup,
+        width=width,
+        height=height,
+        fps=args.fps,
+        timeout_s=30 + 4 * (args.frames + args.warmup) / args.fps,
+    )
+    figures: dict[str, Any] = {
+        "bench": "stream_latency",
+        "size": args.size,
+        "fps": args.fps,
+        "frames": args.frames,
+        "runs": args.runs,
+        "load": args.load,
+        "cores": os.cpu_count(),
+        "plain_source": args.plain_source,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="stream-latency-") as tmp,
+        RedisServer(Path(tmp) / "redis", unix_socket=False) as redis_server,
+    ):
+        env = {
+            "FARM_REDIS_URL": redis_server.url,
+            "FARM_STREAM_PORT": "0",
+            "FARM_STREAM_HOST": "127.0.0.1",
+            # room for the measured session and the load sessions on a CPU device
+            "FARM_CPU_ENCODE_SESSIONS": str(LOAD_SESSIONS + 4),
+            "FARM_LOG_LEVEL": "WARNING",
+        }
+        commands = {"ours": ours_command(), "plain": plain_command(args.plain_source)}
+        services = {
+            arm: ServiceProcess(commands[arm], env, Path(tmp) / f"{arm}.log")
+            for arm in args.arms.split(",")
+        }
+        try:
+            for service in services.values():
+                service.start()
+            async with aiohttp.ClientSession() as http:
+                clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
+                for arm, service in services.items():
+                    print(f"{arm}: {service.url} ({' '.join(service.command[1:])})")
+                await run_all(args, opts, clients, figures)
+        except BaseException:
+            for name, service in services.items():
+                log = service.log
+                if log is not None and log.exists():
+                    tail = log.read_text(errors="replace").splitlines()[-15:]
+                    print(f"--- {name} log tail:\n" + "\n".join(tail), file=sys.stderr)
+            raise
+        finally:
+            for service in services.values():
+                service.stop()
+    return figures
+
+
+async def run_all(
+    args: argparse.Namespace,
+    opts: Options,
+    clients: dict[str, StreamClient],
+    figures: dict[str, Any],
+) -> None:
+    for condition in args.conditions.split(","):
+        print(f"\n== {condition} ({opts.width}x{opts.height}@{opts.fps}, aiortc receiver)")
+        results = await measure_condition(
+            clients, opts, args.runs, condition, args.load, measure_aiortc
+        )
+        summarize(condition, results, figures, f"{condition}: capture -> decoded frame")
+    if args.browser_frames > 0:
+        from playwright.async_api import async_playwright
+
+        browser_opts = Options(
+            args.browser_frames,
+            args.warmup,
+            opts.width,
+            opts.height,
+            opts.fps,
+            30 + 4 * (args.browser_frames + args.warmup) / opts.fps,
+        )
+        print(f"\n== browser (Chromium, {opts.width}x{opts.height}@{opts.fps})")
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+
+                async def in_browser(client: StreamClient, o: Options) -> Run:
+                    return await measure_browser(client, browser, o)
+
+                results = await measure_condition(
+                    clients, browser_opts, args.runs, "idle", args.load, in_browser
+                )
+            finally:
+                await browser.close()
+        summarize("browser", results, figures, "browser: capture -> expected display")
+    targets = {
+        "idle_p50_ratio_ours_to_plain": ("<=", 1.1),
+        "idle_ours_p99_to_p50": ("<=", 2.0),
+        "loaded_p95_ratio_ours_to_plain": ("<=", 0.5),
+    }
+    print("\ntargets")
+    for name, (_, bound) in targets.items():
+        if name in figures:
+            verdict = "met" if figures[name] <= bound else "NOT met"
+            print(f"  {name} = {figures[name]} (target <= {bound}): {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=600, help="frames measured per session")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=120,
+        help="frames skipped per session (the first keyframe's encode leaves a backlog in plain "
+        "aiortc's live source that takes a second or so to drain)",
+    )
+    parser.add_argument("--size", default="1280x720")
+    parser.add_argument("--fps", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--conditions", default="idle,loaded")
+    parser.add_argument(
+        "--plain-source",
+        choices=("live", "pull"),
+        default="live",
+        help="plain aiortc's source: live (frames at the source's clock, queued per viewer, as "
+        "aiortc's MediaPlayer/MediaRelay) or pull (painted when the encoder asks)",
+    )
+    parser.add_argument("--arms", default="ours,plain", help="which arms to run (smoke tests)")
+    parser.add_argument("--load", choices=("sessions", "hog"), default="sessions")
+    parser.add_argument(
+        "--browser-frames", type=int, default=300, help="frames measured in Chromium (0: skip)"
+    )
+    args = parser.parse_args()
+    started = time.monotonic()
+    figures = asyncio.run(main_async(args))
+    figures["wall_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

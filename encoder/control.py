@@ -1,0 +1,106 @@
+"""Who drives a session's input, and what the controlling viewer's data-channel messages do
+(XTest into the session's display); everyone else is view-only."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from encoder.catalog import App, check_geometry
+from encoder.xinput import XInput
+from farm.errors import BadParameter
+
+log = logging.getLogger("tessera.stream")
+
+#: data-channel messages that drive the session (everything but ping needs control)
+INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize"})
+
+
+class InputControl:
+    """One controlling viewer at most; its pointer, buttons, wheel and keys go to ``target``.
+
+    ``video_size`` says the size the video is encoded at (pointer positions arrive in video
+    pixels); ``resize`` asks the encoder for another size.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        app: App,
+        target: Callable[[], XInput | None],
+        video_size: Callable[[], tuple[int, int]],
+        resize: Callable[[int, int], None],
+    ) -> None:
+        self.session_id, self.app = session_id, app
+        self.target, self.video_size, self.resize = target, video_size, resize
+        self.controller: str | None = None
+        self.denied = 0
+
+    def joined(self, viewer_id: str, role: str) -> str:
+        """The role a joining viewer gets: the first player controls, later ones watch."""
+        if role == "player" and self.controller is None:
+            self.controller = viewer_id
+            return "player"
+        return "spectator"
+
+    def left(self, viewer_id: str) -> None:
+        if self.controller == viewer_id:
+            self.controller = None
+            self.release_all()
+
+    def hand_to(self, viewer_id: str) -> None:
+        if self.controller != viewer_id:
+            self.release_all()
+            self.controller = viewer_id
+            log.info("event=control_handed session=%s viewer=%s", self.session_id, viewer_id)
+
+    def release_all(self) -> None:
+        """Let go of whatever the previous controller held (no stuck keys)."""
+        target = self.target()
+        if target is not None:
+            with contextlib.suppress(Exception):
+                target.release_all()
+
+    def handle(self, viewer_id: str, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Apply one data-channel message; the reply to send back, if any."""
+        kind = message.get("t")
+        if kind == "ping":
+            return {"t": "pong", "ts": message.get("ts")}
+        if kind not in INPUT_TYPES:
+            return None
+        if viewer_id != self.controller:
+            self.denied += 1
+            return {"t": "denied"}
+        try:
+            self._apply(str(kind), message)
+        except (TypeError, ValueError, KeyError, BadParameter) as exc:
+            log.debug("event=input_ignored session=%s message=%r error=%r", self.session_id,
+                      message, exc)  # fmt: skip
+        except Exception as exc:
+            log.warning("event=input_failed session=%s error=%r", self.session_id, exc)
+        return None
+
+    def _apply(self, kind: str, m: dict[str, Any]) -> None:
+        if kind == "resize":
+            # the video scales to the viewer's size, within the display's own
+            width = min(self.app.width, int(m["w"])) // 2 * 2
+            height = min(self.app.height, int(m["h"])) // 2 * 2
+            check_geometry(width, height, self.app.fps)
+            self.resize(width, height)
+            return
+        target = self.target()
+        if target is None:
+            return
+        if kind == "mm":
+            width, height = self.video_size()
+            x = int(m["x"]) * self.app.width // width
+            y = int(m["y"]) * self.app.height // height
+            target.move(max(0, min(self.app.width - 1, x)), max(0, min(self.app.height - 1, y)))
+        elif kind == "mb":
+            target.button(int(m["b"]), bool(m["d"]))
+        elif kind == "wh":
+            target.wheel(int(m.get("dx", 0)), int(m.get("dy", 0)))
+        else:
+            target.key(str(m["code"]), kind == "kd")

@@ -1,0 +1,231 @@
+"""WebRTC viewers (aiortc): one peer connection per viewer, fed the session's encoded packets
+(aiortc only packetizes them); its keyframe requests and bitrate estimates go to the encoder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RTCP_PSFB_APP, RTCP_PSFB_FIR, RTCP_PSFB_PLI, RtcpPsfbPacket, unpack_remb_fci
+
+from encoder.videoencoder import Packet
+from farm.errors import BadParameter
+
+log = logging.getLogger("tessera.stream")
+
+#: a viewer whose sender has more encoded frames than this waiting (and more than a quarter
+#: second of them) is behind: it drops them and starts again from a fresh keyframe (latest
+#: frame wins). Not less: a keyframe takes a few frame times to send on a busy host, and
+#: catching up costs another keyframe.
+MAX_PENDING_FRAMES = 3
+INPUT_CHANNEL = "input"
+
+
+class PacketTrack(MediaStreamTrack):
+    """A video track whose ``recv`` returns encoded H.264 packets, for one viewer.
+
+    It starts (and restarts after falling behind) only on a keyframe, asking for one through
+    ``want_keyframe``: a viewer never gets a P-frame it cannot decode.
+    """
+
+    kind = "video"
+
+    def __init__(
+        self, want_keyframe: Callable[[], None], max_pending: int = MAX_PENDING_FRAMES
+    ) -> None:
+        super().__init__()
+        self.want_keyframe = want_keyframe
+        self.max_pending = max_pending
+        self._pending: deque[Packet] = deque()
+        self._ready = asyncio.Event()
+        self.waiting_keyframe = True
+        self._asked = False
+        self.sent = 0
+        self.dropped = 0
+        self.catch_ups = 0
+
+    def push(self, packet: Packet, keyframe: bool) -> None:
+        if self.readyState != "live":
+            return
+        if self.waiting_keyframe and not keyframe:
+            self.dropped += 1
+            return
+        if len(self._pending) >= self.max_pending and not keyframe:
+            # behind: what waits is stale; drop it and resume from the next keyframe
+            self.dropped += len(self._pending) + 1
+            self._pending.clear()
+            self.catch_ups += 1
+            self.waiting_keyframe = True
+            self.want_keyframe()
+            return
+        if keyframe:
+            # a keyframe makes everything before it useless
+            self.dropped += len(self._pending)
+            self._pending.clear()
+            self.waiting_keyframe = False
+        self._pending.append(packet)
+        self._ready.set()
+
+    async def recv(self) -> Packet:
+        if not self._asked:
+            # the sender starts pulling once DTLS is up: the first keyframe is made now
+            self._asked = True
+            self.want_keyframe()
+        while not self._pending:
+            if self.readyState != "live":
+                raise MediaStreamError
+            self._ready.clear()
+            await self._ready.wait()
+        self.sent += 1
+        return self._pending.popleft()
+
+    def stop(self) -> None:
+        super().stop()
+        self._ready.set()
+
+
+class Viewer:
+    """One viewer's peer connection: the video sender, and the ``input`` data channel."""
+
+    def __init__(
+        self,
+        viewer_id: str,
+        role: str,
+        name: str,
+        ice_servers: list[dict[str, Any]],
+        on_keyframe_request: Callable[[], None],
+        on_bitrate_estimate: Callable[[Viewer, int], None],
+        on_message: Callable[[Viewer, dict[str, Any]], dict[str, Any] | None],
+        on_closed: Callable[[Viewer], None],
+        fps: int = 30,
+    ) -> None:
+        self.id, self.role, self.name = viewer_id, role, name
+        self.on_keyframe_request = on_keyframe_request
+        self.on_bitrate_estimate = on_bitrate_estimate
+        self.on_message, self.on_closed = on_message, on_closed
+        self.track = PacketTrack(on_keyframe_request, max(MAX_PENDING_FRAMES, fps // 4))
+        self.pc = RTCPeerConnection(
+            RTCConfiguration(iceServers=[RTCIceServer(**server) for server in ice_servers])
+        )
+        self.channel: RTCDataChannel | None = None
+        self.estimate_bps: int | None = None
+        self.keyframe_requests = 0
+        self._closed = False
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_state)
+
+    async def answer(self, offer_sdp: str) -> str:
+        """The complete answer (ICE gathered) to a viewer's complete offer."""
+        transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
+        h264 = [
+            codec
+            for codec in RTCRtpSender.getCapabilities("video").codecs
+            if codec.mimeType.lower() in ("video/h264", "video/rtx")
+        ]
+        transceiver.setCodecPreferences(h264)
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        except (ValueError, KeyError, IndexError) as exc:
+            raise BadParameter(f"the offer is not a usable SDP offer: {exc}") from exc
+        except Exception as exc:
+            # aiortc raises its own OperationError/InvalidStateError for offers it cannot take
+            raise BadParameter(f"the offer could not be accepted: {exc}") from exc
+        if transceiver.mid is None:
+            raise BadParameter("the offer has no video (add a recvonly video transceiver)")
+        _route_rtcp(transceiver.sender, self)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return str(self.pc.localDescription.sdp)
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != INPUT_CHANNEL:
+            return
+        self.channel = channel
+        channel.on("message", self._on_raw_message)
+
+    def _on_raw_message(self, raw: object) -> None:
+        try:
+            message = json.loads(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return
+        if not isinstance(message, dict):
+            return
+        reply = self.on_message(self, message)
+        if reply is not None:
+            self.send(reply)
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(json.dumps(message))
+
+    async def _on_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self._notify_closed()
+
+    def _notify_closed(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.on_closed(self)
+
+    def keyframe_requested(self) -> None:
+        self.keyframe_requests += 1
+        self.on_keyframe_request()
+
+    def estimated(self, bps: int) -> None:
+        self.estimate_bps = bps
+        self.on_bitrate_estimate(self, bps)
+
+    async def close(self) -> None:
+        self._closed = True
+        self.track.stop()
+        await self.pc.close()
+
+    def to_json(self, controlling: bool) -> dict[str, Any]:
+        return {
+            "viewer_id": self.id,
+            "role": self.role,
+            "name": self.name,
+            "controlling": controlling,
+            "state": self.pc.connectionState,
+            "frames_sent": self.track.sent,
+            "frames_dropped": self.track.dropped,
+            "catch_ups": self.track.catch_ups,
+            "keyframe_requests": self.keyframe_requests,
+            "estimate_kbps": (self.estimate_bps or 0) // 1000,
+        }
+
+
+def _route_rtcp(sender: RTCRtpSender, viewer: Viewer) -> None:
+    """Hand PLI/FIR and REMB for ``sender`` to the session's encoder, then to aiortc.
+
+    On the packet path aiortc's own handler only sets a flag its built-in encoder reads (PLI,
+    FIR) and passes REMB to that encoder: both would be lost.
+    """
+    handle = sender._handle_rtcp_packet
+
+    async def routed(packet: Any) -> None:
+        if isinstance(packet, RtcpPsfbPacket):
+            if packet.fmt in (RTCP_PSFB_PLI, RTCP_PSFB_FIR):
+                viewer.keyframe_requested()
+            elif packet.fmt == RTCP_PSFB_APP:
+                try:
+                    bitrate, ssrcs = unpack_remb_fci(packet.fci)
+                except ValueError:
+                    bitrate, ssrcs = 0, []
+                if sender._ssrc in ssrcs and bitrate > 0:
+                    viewer.estimated(bitrate)
+        await handle(packet)
+
+    setattr(sender, "_handle_rtcp_packet", routed)  # noqa: B010

@@ -1,0 +1,202 @@
+"""The stream service's HTTP API (the URL table and its small handlers) and the player page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from aiohttp import web
+
+from encoder.turn import ice_servers
+from farm.errors import (
+    BadParameter,
+    FarmError,
+    InputError,
+    NeverFits,
+    NoCapacity,
+    NotFound,
+    StreamError,
+)
+
+if TYPE_CHECKING:
+    from encoder.service import StreamService
+
+STATIC = Path(__file__).resolve().parent / "static"
+SERVICE: web.AppKey[StreamService] = web.AppKey("stream_service")
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
+          ".svg": "image/svg+xml"}  # fmt: skip
+
+
+def _error(status: int, code: str, message: str, **fields: Any) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message, **fields}}, status=status)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except NoCapacity as exc:
+        return _error(503, "no_capacity", exc.message, **_plain(exc.fields))
+    except NeverFits as exc:
+        # the contract's one code for "this service cannot take it"; the message says never
+        return _error(409, "no_capacity", exc.message, **_plain(exc.fields))
+    except NotFound as exc:
+        return _error(404, exc.code, exc.message, **_plain(exc.fields))
+    except InputError as exc:
+        return _error(400, exc.code, exc.message, **_plain(exc.fields))
+    except StreamError as exc:
+        return _error(503, exc.code, exc.message, **_plain(exc.fields))
+    except FarmError as exc:
+        return _error(500, exc.code, exc.message, **_plain(exc.fields))
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if isinstance(v, str | int | float | bool)}
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        _bad("the body is not JSON")
+    if not isinstance(body, dict):
+        _bad("the body must be a JSON object")
+    return body
+
+
+def _bad(message: str) -> NoReturn:
+    raise BadParameter(message)
+
+
+def _int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        _bad(f"{name} must be a whole number, not {value!r}")
+    return int(value)
+
+
+def _str(body: dict[str, Any], name: str, default: str = "") -> str:
+    value = body.get(name, default)
+    if not isinstance(value, str):
+        _bad(f"{name} must be a string")
+    return str(value)
+
+
+async def apps(request: web.Request) -> web.Response:
+    return web.json_response({"apps": request.app[SERVICE].catalog.to_json()})
+
+
+async def device(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].registration())
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    sessions = request.app[SERVICE].sessions.values()
+    return web.json_response({"sessions": [s.to_json() for s in sessions]})
+
+
+async def create_session(request: web.Request) -> web.Response:
+    body = await _body(request)
+    session = await request.app[SERVICE].create_session(
+        _str(body, "app"),
+        width=_int(body, "width"),
+        height=_int(body, "height"),
+        fps=_int(body, "fps"),
+        project=_str(body, "project"),
+        owner=_str(body, "owner"),
+    )
+    return web.json_response(session.to_json(), status=201)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SERVICE].session_json(request.match_info["sid"]))
+
+
+async def end_session(request: web.Request) -> web.Response:
+    await request.app[SERVICE].end_session(request.match_info["sid"])
+    return web.Response(status=204)
+
+
+async def add_viewer(request: web.Request) -> web.Response:
+    session = request.app[SERVICE].session(request.match_info["sid"])
+    body = await _body(request)
+    if body.get("type", "offer") != "offer" or not isinstance(body.get("sdp"), str):
+        _bad('a viewer joins with {"type": "offer", "sdp": "..."} (ICE gathering complete)')
+    viewer, answer = await session.add_viewer(
+        body["sdp"], _str(body, "role", "player"), _str(body, "name")
+    )
+    return web.json_response(
+        {"viewer_id": viewer.id, "role": viewer.role, "type": "answer", "sdp": answer,
+         "controlling": session.controller == viewer.id}
+    )  # fmt: skip
+
+
+async def remove_viewer(request: web.Request) -> web.Response:
+    session = request.app[SERVICE].session(request.match_info["sid"])
+    await session.remove_viewer(request.match_info["vid"])
+    return web.Response(status=204)
+
+
+async def control(request: web.Request) -> web.Response:
+    session = request.app[SERVICE].session(request.match_info["sid"])
+    body = await _body(request)
+    session.hand_control(_str(body, "viewer_id"))
+    return web.json_response(session.to_json())
+
+
+async def ice(request: web.Request) -> web.Response:
+    user = request.query.get("user", "viewer")
+    return web.json_response({"iceServers": ice_servers(request.app[SERVICE].settings, user)})
+
+
+def _static(name: str) -> Any:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return _file(name)
+
+    return handler
+
+
+async def static_file(request: web.Request) -> web.StreamResponse:
+    return _file(request.match_info["name"])
+
+
+def _file(name: str) -> web.StreamResponse:
+    path = (STATIC / name).resolve()
+    if path.parent != STATIC or not path.is_file():
+        raise NotFound(f"no file {name} in the player's files")
+    return web.FileResponse(
+        path,
+        headers={
+            "Content-Type": _TYPES.get(path.suffix, "application/octet-stream"),
+            "Cache-Control": "no-cache",
+        },
+    )
+
+
+def create_app(service: StreamService) -> web.Application:
+    """The aiohttp app of ``service``: the stream API of /tmp/plan/stream-contract.md."""
+    app = web.Application(middlewares=[errors])
+    app[SERVICE] = service
+    app.add_routes(
+        [
+            web.get("/api/streams/apps", apps),
+            web.get("/api/streams/device", device),
+            web.get("/api/streams/ice", ice),
+            web.get("/api/streams/sessions", list_sessions),
+            web.post("/api/streams/sessions", create_session),
+            web.get("/api/streams/sessions/{sid}", get_session),
+            web.delete("/api/streams/sessions/{sid}", end_session),
+            web.post("/api/streams/sessions/{sid}/viewers", add_viewer),
+            web.delete("/api/streams/sessions/{sid}/viewers/{vid}", remove_viewer),
+            web.post("/api/streams/sessions/{sid}/control", control),
+            web.get("/player", _static("player.html")),
+            web.get("/player.js", _static("player.js")),
+            web.get("/player.css", _static("player.css")),
+            web.get("/static/{name}", static_file),
+        ]
+    )
+    return app

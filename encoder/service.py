@@ -1,0 +1,349 @@
+"""`farm stream`: the stream service of one device (a GPU, or the CPU device): admission of
+sessions through the slot allocator, their lives, and the service's registration in Redis.
+
+Start it in tests and benches with::
+
+    async with StreamService(settings) as svc:   # serves HTTP on settings.stream_port (0: free)
+        svc.url                                  # http://127.0.0.1:PORT
+
+or, from synchronous code, ``with running(settings) as svc:`` (its own thread and loop).
+``create_app(svc)`` builds the aiohttp app alone (``StreamService(..., serve_http=False)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+
+from encoder.catalog import TESTPATTERN, Catalog
+from encoder.routes import create_app
+from encoder.session import SessionState, StreamSession
+from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
+from encoder.turn import ice_servers
+from farm import keys
+from farm.agent import DeviceAgent
+from farm.devices import Device
+from farm.errors import BadParameter, DeviceUnavailable, FarmError, NeverFits, NoCapacity, NotFound
+from farm.nvml import Nvml, open_nvml
+from farm.redisclient import Redis, connect, guard
+from farm.settings import Settings
+from farm.slots import Lease, Request, SlotAllocator
+
+log = logging.getLogger("tessera.stream")
+
+__all__ = ["StreamService", "create_app", "running"]
+
+_FROM_SETTINGS: Any = object()
+#: ended sessions whose last state (and why they ended) the API still answers with
+ENDED_KEPT = 200
+
+
+class StreamService:
+    """Sessions on one device; a device agent for it; its HTTP API (see encoder/routes.py)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        nvml: Nvml | None = _FROM_SETTINGS,
+        name: str | None = None,
+        hostname: str | None = None,
+        serve_http: bool = True,
+    ) -> None:
+        self.settings = settings
+        if nvml is _FROM_SETTINGS:
+            nvml = open_nvml(settings.nvml) if settings.device == "gpu" else None
+        self.nvml = nvml
+        self.hostname = hostname or socket.gethostname()
+        self.name = name or f"stream-{self.hostname}-{settings.device}-{os.getpid()}"
+        self.serve_http = serve_http
+        self.catalog = Catalog.load(settings.stream_apps)
+        self.sessions: dict[str, StreamSession] = {}
+        #: the last sessions that ended, as they were at their end (with the reason)
+        self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.url = ""
+        self.started = time.time()
+        self.conn: Redis | None = None
+        self.allocator: SlotAllocator | None = None
+        self.agent: DeviceAgent | None = None
+        self._runner: web.AppRunner | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    # --- life ------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> Device:
+        assert self.agent is not None, "the service is not started"
+        return self.agent.devices[0]
+
+    async def start(self) -> None:
+        self.conn = connect(self.settings.redis_url)
+        self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
+        self.agent = self._make_agent(self.allocator)
+        await asyncio.to_thread(self.agent.start)
+        if self.serve_http:
+            self._runner = web.AppRunner(create_app(self), access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.settings.stream_host, self.settings.stream_port)
+            await site.start()
+            host, port = self._runner.addresses[0][:2]
+            self.url = self.settings.stream_url or f"http://{_url_host(str(host))}:{port}"
+            await asyncio.to_thread(self._register)
+            self._heartbeat = asyncio.create_task(self._beat(), name="stream-registration")
+        log.info("event=stream_service_ready name=%s device=%s url=%s encode_sessions=%d",
+                 self.name, self.device.id, self.url, self.device.encoder_sessions)  # fmt: skip
+
+    def _make_agent(self, allocator: SlotAllocator) -> DeviceAgent:
+        index = self.settings.gpu_index or 0
+        gpu = self.settings.device == "gpu"
+
+        def mine(device: Device) -> bool:
+            return device.index == index if gpu else device.index is None
+
+        agent = DeviceAgent(
+            self.settings,
+            allocator,
+            self.name,
+            nvml=self.nvml if gpu else None,
+            select=mine,
+            farm_pids=lambda: {os.getpid(), *self.pids()},
+            hostname=self.hostname,
+        )
+        if not agent.devices:
+            raise DeviceUnavailable(f"stream service {self.name}: no GPU {index} on this host")
+        return agent
+
+    async def stop(self) -> None:
+        await asyncio.gather(
+            *(s.end("the stream service stopped") for s in list(self.sessions.values()))
+        )
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            with contextlib.suppress(FarmError):
+                await asyncio.to_thread(self._unregister)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.agent is not None:
+            await asyncio.to_thread(self.agent.stop)
+        if self.conn is not None:
+            self.conn.close()
+        log.info("event=stream_service_stopped name=%s", self.name)
+
+    async def __aenter__(self) -> StreamService:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- registration ----------------------------------------------------------------------
+
+    def registration(self) -> dict[str, Any]:
+        device = self.device
+        return {
+            "url": self.url,
+            "device_id": device.id,
+            "device_class": device.device_class,
+            "model": device.model,
+            "host": device.host,
+            "pid": os.getpid(),
+            "started": self.started,
+            "encoder_sessions": device.encoder_sessions,
+            "alive_until": time.time() + self.settings.agent_timeout_s,
+        }
+
+    def _register(self) -> None:
+        entry = json.dumps(self.registration())
+        guard(self._redis().hset, keys.STREAM_SERVICES, self.device.id, entry)
+
+    def _unregister(self) -> None:
+        conn = self._redis()
+        raw = guard(conn.hget, keys.STREAM_SERVICES, self.device.id)
+        # only our own entry: a newer service for the device may have replaced it
+        if raw is not None and json.loads(raw).get("url") == self.url:
+            guard(conn.hdel, keys.STREAM_SERVICES, self.device.id)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.agent_timeout_s / 3)
+            try:
+                await asyncio.to_thread(self._register)
+            except FarmError as exc:
+                log.warning("event=registration_failed error=%r", exc.message)
+
+    def _redis(self) -> Redis:
+        assert self.conn is not None
+        return self.conn
+
+    def _allocator(self) -> SlotAllocator:
+        assert self.allocator is not None
+        return self.allocator
+
+    # --- sessions --------------------------------------------------------------------------
+
+    async def create_session(
+        self,
+        app_name: str,
+        width: int | None = None,
+        height: int | None = None,
+        fps: int | None = None,
+        project: str = "",
+        owner: str = "",
+    ) -> StreamSession:
+        """Admit (lease), start and return a session; NoCapacity when the device is full."""
+        app = self.catalog.get(app_name).sized(width, height, fps)
+        if app.name == TESTPATTERN and not check_size(app.width, app.height):
+            raise BadParameter(
+                f"the test pattern needs at least {MIN_WIDTH}x{MIN_HEIGHT}, "
+                f"not {app.width}x{app.height}"
+            )
+        lease = await asyncio.to_thread(self._admit, project)
+        session = StreamSession(
+            app, self.device, lease, self._allocator(), self.settings,
+            ice_servers=lambda user: ice_servers(self.settings, user),
+            on_ended=self._ended, project=project, owner=owner,
+        )  # fmt: skip
+        self.sessions[session.id] = session
+        await session.start()
+        if session.state is not SessionState.RUNNING:
+            raise NotFound(f"session {session.id} ended while starting: {session.reason}")
+        return session
+
+    def _admit(self, project: str) -> Lease:
+        device = self.device
+        request = Request(
+            "stream",
+            vram_mib=self.settings.stream_vram_mib,
+            encoder_sessions=1,
+            device_ids=(device.id,),
+            project=project,
+            preempt=True,
+        )
+        allocator = self._allocator()
+        try:
+            lease = allocator.try_acquire(self.name, request)
+        except NeverFits as exc:
+            why = (
+                "it has no video encoder (NVENC) for stream sessions"
+                if device.encoder_sessions == 0
+                else exc.message
+            )
+            raise NeverFits(
+                f"device {device.id} ({device.model}) can never hold a stream session: {why}; "
+                "use another device (or the CPU device's stream service)",
+                device=device.id,
+            ) from None
+        if lease is None:
+            raise NoCapacity(self._full_reason(device), device=device.id)
+        return lease
+
+    def _full_reason(self, device: Device) -> str:
+        state = next((d for d in self._allocator().devices() if d.id == device.id), None)
+        if state is None:
+            return f"device {device.id} is not in the pool (its agent is silent)"
+        if not state.available:
+            return f"device {device.id} is unavailable: {state.unavailable_reason}"
+        return (
+            f"device {device.id} ({device.model}) is full: "
+            f"{state.used_encoder_sessions}/{state.encoder_sessions} encoder sessions, "
+            f"{state.used_vram_mib}/{state.vram_mib} MiB in use; "
+            "try again later or another device"
+        )
+
+    def session(self, session_id: str) -> StreamSession:
+        """A live session; NotFound otherwise, saying why when it ended lately (the error's
+        fields carry ``state: ended`` and the ``reason``)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        ended = self.ended.get(session_id)
+        if ended is not None:
+            raise NotFound(
+                f"stream session {session_id} has ended: {ended['reason']}",
+                session=session_id,
+                state="ended",
+                reason=ended["reason"],
+            )
+        raise NotFound(f"no stream session {session_id} on this service", session=session_id)
+
+    def session_json(self, session_id: str) -> dict[str, Any]:
+        """A live session, or one that ended lately as it was at its end (state "ended",
+        with the reason)."""
+        ended = self.ended.get(session_id)
+        return ended if ended is not None else self.session(session_id).to_json()
+
+    async def end_session(self, session_id: str, reason: str = "ended by request") -> None:
+        if session_id not in self.ended:  # ending twice is no error
+            await self.session(session_id).end(reason)
+
+    def _ended(self, session: StreamSession) -> None:
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        self.ended[session.id] = session.to_json()
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
+
+    def pids(self) -> set[int]:
+        # called from the agent's thread: copy the sessions in one step
+        return {pid for s in tuple(self.sessions.values()) for pid in s.pids()}
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host else host
+
+
+@contextlib.contextmanager
+def running(settings: Settings, **kwargs: Any) -> Iterator[StreamService]:
+    """A StreamService serving from a thread of its own (sync tests, benches, browser tests)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        try:
+            async with StreamService(settings, **kwargs) as service:
+                box["service"] = service
+                ready.set()
+                await stop.wait()
+        except BaseException as exc:
+            box["error"] = exc
+            ready.set()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), name="stream")
+    thread.start()
+    ready.wait()
+    try:
+        if "error" in box:
+            raise box["error"]
+        yield box["service"]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join()
+        loop.close()
+
+
+async def serve_forever(settings: Settings, stop: asyncio.Event) -> None:
+    """`farm stream`: serve until ``stop`` is set; prints one JSON line once serving."""
+    async with StreamService(settings) as service:
+        print(json.dumps({"url": service.url, "device_id": service.device.id}), flush=True)
+        await stop.wait()

@@ -1,0 +1,373 @@
+"""One stream session: its lease, its source (display + app, or test pattern), one capture and
+one encode whatever the number of viewers, control of the input, and its end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from enum import StrEnum
+from typing import Any
+
+from encoder.catalog import App
+from encoder.control import InputControl
+from encoder.peers import Viewer
+from encoder.pipeline import EncodedFrame, Pipeline
+from encoder.source import Source, make_source
+from encoder.videoencoder import EncoderConfig, VideoEncoder, open_encoder, start_bitrate
+from farm.devices import Device
+from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
+from farm.settings import Settings
+from farm.slots import Lease, SlotAllocator
+
+log = logging.getLogger("tessera.stream")
+
+ROLES = ("player", "spectator")
+
+
+class SessionState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    ENDING = "ending"
+    ENDED = "ended"
+
+
+TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.STARTING: frozenset({SessionState.RUNNING, SessionState.ENDING}),
+    SessionState.RUNNING: frozenset({SessionState.ENDING}),
+    SessionState.ENDING: frozenset({SessionState.ENDED}),
+    SessionState.ENDED: frozenset(),
+}
+
+
+class StreamSession:
+    """A session on this service's device, admitted by ``lease``.
+
+    It ends on request, ``grace_s`` after its last viewer left (or after it started without
+    any), when its lease is lost, or when its app or capture stops; ending stops the app and
+    the display and releases the lease.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        device: Device,
+        lease: Lease,
+        allocator: SlotAllocator,
+        settings: Settings,
+        ice_servers: Callable[[str], list[dict[str, Any]]],
+        on_ended: Callable[[StreamSession], None],
+        project: str = "",
+        owner: str = "",
+        session_id: str | None = None,
+    ) -> None:
+        self.id = session_id or uuid.uuid4().hex[:16]
+        self.app, self.device, self.lease = app, device, lease
+        self.allocator, self.settings = allocator, settings
+        self.ice_servers = ice_servers
+        self.on_ended = on_ended
+        self.project, self.owner = project, owner
+        self.created = time.time()
+        self.state = SessionState.STARTING
+        self.reason = ""
+        self.viewers: dict[str, Viewer] = {}
+        self.source: Source = make_source(app)
+        self.pipeline: Pipeline | None = None
+        self.control = InputControl(
+            self.id, app, lambda: self.source.input, self._video_size, self._resize
+        )
+        self.frames_out = 0
+        self.keyframes_out = 0
+        self.ended = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._idle: asyncio.TimerHandle | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._ending: asyncio.Task[None] | None = None
+        self._starting: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- life ------------------------------------------------------------------------------
+
+    def _move(self, new: SessionState) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"session {self.id} cannot go from {self.state} to {new}")
+        self.state = new
+
+    async def start(self) -> None:
+        """Start the source and the encoder; the session serves viewers once this returns."""
+        self._starting = asyncio.ensure_future(asyncio.to_thread(self._start_blocking))
+        try:
+            await self._starting
+        except BaseException as exc:
+            reason = exc.message if isinstance(exc, FarmError) else repr(exc)
+            await self.end(f"failed to start: {reason}")
+            raise
+        if self.state is not SessionState.STARTING:
+            return
+        self._move(SessionState.RUNNING)
+        self._renewal = asyncio.create_task(self._renew(), name=f"renew-{self.id}")
+        self._arm_idle()
+        log.info("event=session_started session=%s app=%s device=%s encoder=%s size=%dx%d "
+                 "fps=%d lease=%s token=%d", self.id, self.app.name, self.device.id,
+                 self.encoder_name, self.app.width, self.app.height, self.app.fps,
+                 self.lease.id, self.lease.token)  # fmt: skip
+
+    def _start_blocking(self) -> None:
+        self.source.start(self._source_exited)
+        assert self.source.grabber is not None
+        s = self.settings
+        min_bps, max_bps = s.stream_min_kbps * 1000, s.stream_max_kbps * 1000
+        app = self.app
+
+        def make_encoder(width: int, height: int) -> VideoEncoder:
+            config = EncoderConfig(
+                width=width,
+                height=height,
+                fps=app.fps,
+                bitrate_bps=start_bitrate(width, height, app.fps, min_bps, max_bps),
+                min_bps=min_bps,
+                max_bps=max_bps,
+                gpu_index=self.device.index,
+                input_format=self.source.input_format,
+            )
+            return open_encoder(s.nvenc, config)
+
+        self.pipeline = Pipeline(
+            self.source.grabber, self.source.slot, make_encoder, app.width, app.height,
+            self._loop, self._fan_out, self._pipeline_failed, name=self.id,
+        )  # fmt: skip
+        self.pipeline.start()
+
+    def _source_exited(self, reason: str) -> None:
+        # called from the app's watcher thread
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the service stopped
+            self._loop.call_soon_threadsafe(self.end_soon, reason)
+
+    def _pipeline_failed(self, reason: str) -> None:
+        self.end_soon(f"capture or encoding stopped: {reason}")
+
+    def _idle_expired(self) -> None:
+        if not self.viewers:
+            self.end_soon(f"no viewers for {self.settings.stream_grace_s:g} s")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def end_soon(self, reason: str) -> asyncio.Task[None]:
+        """Start ending (once); the task ends with the session."""
+        if self._ending is None:
+            self._ending = asyncio.create_task(self._end(reason), name=f"end-{self.id}")
+        return self._ending
+
+    async def end(self, reason: str) -> None:
+        """Stop viewers, encoder, app and display; release the lease. Idempotent."""
+        await asyncio.shield(self.end_soon(reason))
+
+    async def _end(self, reason: str) -> None:
+        self._move(SessionState.ENDING)
+        self.reason = reason
+        if self._starting is not None and not self._starting.done():
+            # a start in progress finishes first, so that nothing it starts is left running
+            await asyncio.wait({self._starting})
+        if self._idle is not None:
+            self._idle.cancel()
+        if self._renewal is not None and self._renewal is not asyncio.current_task():
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+        for viewer in list(self.viewers.values()):
+            await viewer.close()
+        self.viewers.clear()
+        self.control.controller = None
+        pipeline = self.pipeline
+        if pipeline is not None:
+            await asyncio.to_thread(pipeline.stop)
+        await asyncio.to_thread(self.source.stop)
+        try:
+            await asyncio.to_thread(self.allocator.release, self.lease)
+        except FarmError as exc:
+            # the lease then expires by itself within its TTL
+            log.warning("event=lease_release_failed session=%s error=%r", self.id, exc.message)
+        self._move(SessionState.ENDED)
+        self.ended.set()
+        log.info("event=session_ended session=%s reason=%r frames=%d", self.id, reason,
+                 self.frames_out)  # fmt: skip
+        self.on_ended(self)
+
+    async def _renew(self) -> None:
+        every_s = self.allocator.ttl_ms / 1000 / 3
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                self.lease = await asyncio.to_thread(self.allocator.renew, self.lease)
+            except LeaseLost as exc:
+                self.end_soon(f"lease lost: {exc.fields.get('why', exc.message)}")
+                return
+            except FarmError as exc:
+                # Redis away: keep trying while the lease may still be ours
+                log.warning("event=lease_renew_failed session=%s error=%r", self.id, exc.message)
+                if time.time() * 1000 > self.lease.expires_ms:
+                    self.end_soon(f"lease not renewed: {exc.message}")
+                    return
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = self._loop.call_later(self.settings.stream_grace_s, self._idle_expired)
+
+    # --- viewers ---------------------------------------------------------------------------
+
+    async def add_viewer(self, offer_sdp: str, role: str, name: str = "") -> tuple[Viewer, str]:
+        if role not in ROLES:
+            raise BadParameter(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        if self.state is not SessionState.RUNNING:
+            raise NotFound(f"session {self.id} is {self.state}", session=self.id)
+        viewer_id = uuid.uuid4().hex[:12]
+        viewer = Viewer(
+            viewer_id,
+            role,
+            name,
+            self.ice_servers(name or viewer_id),
+            on_keyframe_request=self.request_keyframe,
+            on_bitrate_estimate=self._estimated,
+            on_message=self._message,
+            on_closed=self._viewer_closed,
+            fps=self.app.fps,
+        )
+        try:
+            answer = await viewer.answer(offer_sdp)
+        except BaseException:
+            await viewer.close()
+            raise
+        if self.state is not SessionState.RUNNING:
+            await viewer.close()
+            raise NotFound(f"session {self.id} ended while the viewer joined", session=self.id)
+        viewer.role = self.control.joined(viewer_id, role)
+        self.viewers[viewer_id] = viewer
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        log.info("event=viewer_joined session=%s viewer=%s role=%s controlling=%s", self.id,
+                 viewer_id, viewer.role, self.controller == viewer_id)  # fmt: skip
+        return viewer, answer
+
+    def viewer(self, viewer_id: str) -> Viewer:
+        viewer = self.viewers.get(viewer_id)
+        if viewer is None:
+            raise NotFound(f"no viewer {viewer_id} in session {self.id}", viewer=viewer_id)
+        return viewer
+
+    async def remove_viewer(self, viewer_id: str) -> None:
+        viewer = self.viewer(viewer_id)
+        await viewer.close()
+        self._forget(viewer)
+
+    def _viewer_closed(self, viewer: Viewer) -> None:
+        if self.viewers.get(viewer.id) is viewer:
+            self._forget(viewer)
+            self._spawn(viewer.close())
+
+    def _forget(self, viewer: Viewer) -> None:
+        self.viewers.pop(viewer.id, None)
+        self.control.left(viewer.id)
+        log.info("event=viewer_left session=%s viewer=%s viewers=%d", self.id, viewer.id,
+                 len(self.viewers))  # fmt: skip
+        if not self.viewers and self.state is SessionState.RUNNING:
+            self._arm_idle()
+        self._apply_estimates()
+
+    @property
+    def controller(self) -> str | None:
+        """The viewer whose input counts, if any."""
+        return self.control.controller
+
+    def hand_control(self, viewer_id: str) -> None:
+        viewer = self.viewer(viewer_id)
+        old = self.viewers.get(self.controller or "")
+        if old is not None and old is not viewer:
+            old.role = "spectator"
+        self.control.hand_to(viewer_id)
+        viewer.role = "player"
+        for v in self.viewers.values():
+            v.send({"t": "control", "controlling": v.id == viewer_id})
+
+    def _message(self, viewer: Viewer, message: dict[str, Any]) -> dict[str, Any] | None:
+        return self.control.handle(viewer.id, message)
+
+    # --- media -----------------------------------------------------------------------------
+
+    def _fan_out(self, frame: EncodedFrame) -> None:
+        self.frames_out += 1
+        if frame.keyframe:
+            self.keyframes_out += 1
+        for viewer in self.viewers.values():
+            viewer.track.push(frame.packet, frame.keyframe)
+
+    def request_keyframe(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.request_keyframe()
+
+    def _estimated(self, viewer: Viewer, bps: int) -> None:
+        self._apply_estimates()
+
+    def _apply_estimates(self) -> None:
+        # one encode serves every viewer: follow the slowest receiver
+        estimates = [v.estimate_bps for v in self.viewers.values() if v.estimate_bps]
+        if estimates and self.pipeline is not None:
+            self.pipeline.set_bitrate(min(estimates))
+
+    def _video_size(self) -> tuple[int, int]:
+        return (
+            self.pipeline.size if self.pipeline is not None else (self.app.width, self.app.height)
+        )
+
+    def _resize(self, width: int, height: int) -> None:
+        if self.pipeline is not None:
+            self.pipeline.resize(width, height)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    @property
+    def encoder_name(self) -> str:
+        return self.pipeline.codec_name if self.pipeline is not None else ""
+
+    def pids(self) -> list[int]:
+        return self.source.pids()
+
+    def to_json(self) -> dict[str, Any]:
+        width, height = self._video_size()
+        return {
+            "session_id": self.id,
+            "app": self.app.name,
+            "device_id": self.device.id,
+            "width": width,
+            "height": height,
+            "fps": self.app.fps,
+            "state": str(self.state),
+            "reason": self.reason,
+            "viewers": [v.to_json(v.id == self.controller) for v in self.viewers.values()],
+            "created": self.created,
+            "encoder": self.encoder_name,
+            "project": self.project,
+            "owner": self.owner,
+            "lease": {"id": self.lease.id, "token": self.lease.token},
+            "stats": self.stats(),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        p = self.pipeline
+        return {
+            "frames_captured": p.grabber.frames if p else 0,
+            "frames_encoded": p.encoded if p else 0,
+            "frames_skipped": p.slot.skipped if p else 0,
+            "frames_sent": self.frames_out,
+            "keyframes": self.keyframes_out,
+            "encode_ms": round(p.encode_ms, 3) if p else 0.0,
+            "bitrate_kbps": p.encoder.bitrate_bps // 1000 if p else 0,
+            "denied_inputs": self.control.denied,
+        }

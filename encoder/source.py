@@ -1,0 +1,141 @@
+"""A session's picture source: an app in its own X display (captured with x11grab, driven
+with XTest), or the test pattern; everything it starts dies with it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+
+from encoder.capture import FrameSlot, Grabber, PatternGrabber, X11Grabber
+from encoder.catalog import App
+from encoder.display import XDisplay
+from encoder.xinput import XInput
+from farm.errors import SourceFailed
+from farm.lifetime import die_with_parent
+
+log = logging.getLogger("tessera.stream")
+
+#: variable in every app's environment: the pid of the stream service that started it
+APP_MARK = "TESSERA_STREAM_SERVICE_PID"
+#: how long an app may take to quit after SIGTERM before its whole group is killed
+APP_STOP_GRACE_S = 3.0
+
+
+class Source:
+    """What a session captures from; ``input`` is None where there is nothing to drive."""
+
+    input_format = "yuv420p"
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.slot = FrameSlot()
+        self.input: XInput | None = None
+        self.grabber: Grabber | None = None
+
+    def start(self, on_exit: Callable[[str], None]) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def pids(self) -> list[int]:
+        """The processes this source started (the tests check none outlives the session)."""
+        return []
+
+
+class PatternSource(Source):
+    def start(self, on_exit: Callable[[str], None]) -> None:
+        self.grabber = PatternGrabber(self.slot, self.app.width, self.app.height, self.app.fps)
+
+    def stop(self) -> None:
+        if self.grabber is not None:
+            self.grabber.stop()
+
+
+class XAppSource(Source):
+    """Xvfb at the app's size, the app's command inside it in its own process group."""
+
+    input_format = "bgr0"
+
+    def __init__(self, app: App) -> None:
+        super().__init__(app)
+        self.display = XDisplay(app.width, app.height)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = False
+
+    def start(self, on_exit: Callable[[str], None]) -> None:
+        try:
+            self.display.start()
+            # the service's pid marks the app and everything it starts as this service's
+            env = {**os.environ, "DISPLAY": self.display.name, APP_MARK: str(os.getpid())}
+            env.pop("WAYLAND_DISPLAY", None)
+            try:
+                self.proc = subprocess.Popen(
+                    list(self.app.command),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGKILL),
+                )
+            except OSError as exc:
+                raise SourceFailed(
+                    f"app {self.app.name} could not start ({self.app.command[0]}): {exc.strerror}",
+                    app=self.app.name,
+                ) from exc
+            threading.Thread(
+                target=self._watch, args=(self.proc, on_exit), name="app-watch", daemon=True
+            ).start()
+            self.input = XInput(self.display.name)
+            self.grabber = X11Grabber(
+                self.slot, self.display.name, self.app.width, self.app.height, self.app.fps
+            )
+        except BaseException:
+            self.stop()
+            raise
+        log.info("event=app_started app=%s display=%s pid=%d", self.app.name, self.display.name,
+                 self.proc.pid)  # fmt: skip
+
+    def _watch(self, proc: subprocess.Popen[bytes], on_exit: Callable[[str], None]) -> None:
+        code = proc.wait()
+        if not self._stopping:
+            on_exit(f"app {self.app.name} exited with status {code}")
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.grabber is not None:
+            self.grabber.stop()
+        if self.input is not None:
+            self.input.close()
+            self.input = None
+        if self.proc is not None:
+            _stop_group(self.proc)
+        self.display.stop()
+
+    def pids(self) -> list[int]:
+        return [p for p in (self.display.pid, self.proc.pid if self.proc else None) if p]
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the app's whole process group (a desktop is several programs), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(APP_STOP_GRACE_S)
+            # the leader is gone; stragglers of its group get the same signal once more
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def make_source(app: App) -> Source:
+    return XAppSource(app) if app.needs_display else PatternSource(app)

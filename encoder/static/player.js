@@ -1,0 +1,521 @@
+// Tessera stream player: starts or joins a session, plays it with the least delay the browser
+// allows, sends keyboard and mouse over the "input" data channel, shows live stats.
+// Query: ?session=<sid>&role=player|spectator&api=<base url>  (join a session)
+//        ?app=<name>&width=&height=&fps=&project=&autostart=1 (start one)
+"use strict";
+
+(() => {
+  const params = new URLSearchParams(location.search);
+  const api = (params.get("api") || "").replace(/\/+$/, "");
+  const $ = (id) => document.getElementById(id);
+  const video = $("video");
+  const ICE_GATHER_TIMEOUT_MS = 5000;
+  const STATS_INTERVAL_MS = 1000;
+
+  // Everything a test or a curious user may read: window.tessera.stats, .state, ...
+  const tessera = {
+    state: "idle",
+    error: null,
+    sessionId: params.get("session"),
+    viewerId: null,
+    role: null,
+    controlling: false,
+    frameWidth: 0,
+    frameHeight: 0,
+    stats: {
+      fps: 0, bitrate_kbps: 0, rtt_ms: null, ping_ms: null, decode_ms: null,
+      jitter_buffer_ms: null, frames_decoded: 0, frames_dropped: 0, packets_lost: 0,
+      bytes_received: 0, codec: null,
+    },
+    send,
+    takeControl,
+    leave,
+  };
+  window.tessera = tessera;
+
+  let pc = null;
+  let channel = null;
+  let prevStats = null;
+  let statsTimer = null;
+  let leaving = false;  // the user left: the connection closing is no failure
+
+  // ------------------------------------------------------------------ HTTP
+
+  async function call(method, path, body) {
+    const init = { method, headers: {}, credentials: "same-origin" };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(api + path, init);
+    if (resp.status === 204) return null;
+    let data = null;
+    try { data = await resp.json(); } catch (e) { data = null; }
+    if (!resp.ok) {
+      const err = (data && data.error) || {};
+      const e = new Error(err.message || resp.statusText || ("HTTP " + resp.status));
+      e.code = err.code || ("http_" + resp.status);
+      e.status = resp.status;
+      throw e;
+    }
+    return data;
+  }
+
+  // ------------------------------------------------------------------ state and errors
+
+  function setState(state) {
+    tessera.state = state;
+    $("state").textContent = state;
+    $("state").classList.toggle("bad", ["failed", "refused", "closed"].includes(state));
+  }
+
+  function showError(err) {
+    const code = err.code || "error";
+    tessera.error = { code, message: String(err.message || err) };
+    const text = code === "no_capacity"
+      ? "No room for a new session right now: " + tessera.error.message
+      : tessera.error.message;
+    $("error").textContent = text;
+    $("error").hidden = false;
+  }
+
+  function clearError() {
+    tessera.error = null;
+    $("error").hidden = true;
+  }
+
+  function setRole(role) {
+    tessera.role = role;
+    tessera.controlling = role === "player";
+    $("s-role").textContent = tessera.controlling ? "player (in control)" : "spectator";
+    $("control").hidden = tessera.controlling;
+    $("lock").hidden = !tessera.controlling;
+    video.classList.toggle("controlling", tessera.controlling);
+    if (!tessera.controlling) releaseAll();
+  }
+
+  // ------------------------------------------------------------------ starting and joining
+
+  async function loadApps() {
+    const form = $("start");
+    form.hidden = false;
+    try {
+      const { apps } = await call("GET", "/api/streams/apps");
+      const select = $("app");
+      select.replaceChildren();
+      for (const app of apps) {
+        const opt = document.createElement("option");
+        opt.value = app.name;
+        opt.textContent = app.title || app.name;
+        opt.dataset.width = app.width;
+        opt.dataset.height = app.height;
+        opt.dataset.fps = app.fps;
+        select.append(opt);
+      }
+      const wanted = params.get("app");
+      if (wanted) select.value = wanted;
+      select.onchange = () => {
+        const opt = select.selectedOptions[0];
+        if (!opt) return;
+        $("width").value = opt.dataset.width;
+        $("height").value = opt.dataset.height;
+        $("fps").value = opt.dataset.fps;
+      };
+      if (!params.get("width")) select.onchange();
+    } catch (err) {
+      showError(err);
+    }
+    for (const key of ["width", "height", "fps"]) {
+      if (params.get(key)) $(key).value = params.get(key);
+    }
+  }
+
+  async function startSession(event) {
+    if (event) event.preventDefault();
+    clearError();
+    setState("starting");
+    const body = {
+      app: $("app").value || params.get("app"),
+      width: Number($("width").value),
+      height: Number($("height").value),
+      fps: Number($("fps").value),
+    };
+    if (params.get("project")) body.project = params.get("project");  // the web checks it
+    try {
+      const session = await call("POST", "/api/streams/sessions", body);
+      tessera.sessionId = session.session_id;
+      const url = new URL(location.href);
+      for (const key of ["app", "width", "height", "fps", "autostart"]) url.searchParams.delete(key);
+      url.searchParams.set("session", session.session_id);
+      history.replaceState(null, "", url);
+      $("start").hidden = true;
+      await join(session.session_id, params.get("role") || "player");
+    } catch (err) {
+      setState(err.code === "no_capacity" ? "refused" : "failed");
+      showError(err);
+    }
+  }
+
+  async function iceServers() {
+    try {
+      const { iceServers } = await call("GET", "/api/streams/ice");
+      return iceServers || [];
+    } catch (err) {
+      return [];
+    }
+  }
+
+  function gatheringComplete(peer) {
+    if (peer.iceGatheringState === "complete") return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ICE_GATHER_TIMEOUT_MS); // send what we have
+      peer.addEventListener("icegatheringstatechange", () => {
+        if (peer.iceGatheringState === "complete") { clearTimeout(timer); resolve(); }
+      });
+    });
+  }
+
+  async function join(sid, role) {
+    setState("connecting");
+    clearError();
+    pc = new RTCPeerConnection({ iceServers: await iceServers() });
+    const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
+    lowDelay(transceiver.receiver);
+    preferH264(transceiver);
+    channel = pc.createDataChannel("input", { ordered: true });
+    channel.onmessage = onMessage;
+    channel.onclose = () => {
+      if (leaving || tessera.state !== "playing") return;
+      setState("closed");
+      showError({ code: "ended", message: "The session ended." });
+    };
+
+    pc.ontrack = (event) => {
+      lowDelay(event.receiver);
+      video.srcObject = event.streams[0] || new MediaStream([event.track]);
+      video.play().catch(() => { /* autoplay of muted video is allowed; a user click plays */ });
+    };
+    pc.onconnectionstatechange = () => {
+      if (leaving) return;
+      const cs = pc.connectionState;
+      if (cs === "failed") {
+        setState("failed");
+        showError({ code: "connection_failed", message: "The connection to the stream failed." });
+      } else if (cs === "disconnected") {
+        setState("reconnecting");  // ICE may come back by itself
+      } else if (cs === "connected" && tessera.state === "reconnecting") {
+        setState("playing");
+      } else if (cs === "closed") {
+        setState("closed");
+      }
+    };
+
+    try {
+      await pc.setLocalDescription(await pc.createOffer());
+      await gatheringComplete(pc);
+      const answer = await call("POST", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers`, {
+        type: "offer", sdp: pc.localDescription.sdp, role,
+      });
+      tessera.viewerId = answer.viewer_id;
+      setRole(answer.role);
+      await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+    } catch (err) {
+      setState(err.code === "no_capacity" ? "refused" : "failed");
+      showError(err);
+      pc.close();
+      return;
+    }
+    $("leave").hidden = false;
+    $("end").hidden = false;
+    statsTimer = setInterval(updateStats, STATS_INTERVAL_MS);
+  }
+
+  // The service sends H.264: put it first in the offer (the rest stay, for other servers)
+  function preferH264(transceiver) {
+    if (!transceiver.setCodecPreferences || !RTCRtpReceiver.getCapabilities) return;
+    const codecs = RTCRtpReceiver.getCapabilities("video").codecs;
+    const h264 = codecs.filter((c) => c.mimeType === "video/H264");
+    if (h264.length) {
+      transceiver.setCodecPreferences([...h264, ...codecs.filter((c) => c.mimeType !== "video/H264")]);
+    }
+  }
+
+  // Ask the browser to play frames as soon as they decode: no playout delay, no jitter target.
+  function lowDelay(receiver) {
+    if (!receiver) return;
+    try { receiver.playoutDelayHint = 0; } catch (e) { /* not supported */ }
+    try { receiver.jitterBufferTarget = 0; } catch (e) { /* not supported */ }
+  }
+
+  async function takeControl() {
+    if (!tessera.sessionId || !tessera.viewerId) return;
+    try {
+      await call("POST", `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/control`,
+        { viewer_id: tessera.viewerId });
+      setRole("player");
+      clearError();
+    } catch (err) {
+      showError(err);
+    }
+  }
+
+  async function leave(endSession) {
+    leaving = true;
+    setState(endSession ? "ending" : "leaving");
+    clearInterval(statsTimer);
+    releaseAll();
+    const sid = encodeURIComponent(tessera.sessionId || "");
+    try {
+      if (endSession) await call("DELETE", `/api/streams/sessions/${sid}`);
+      else if (tessera.viewerId) {
+        await call("DELETE", `/api/streams/sessions/${sid}/viewers/${encodeURIComponent(tessera.viewerId)}`);
+      }
+    } catch (err) {
+      showError(err);
+    }
+    if (pc) pc.close();
+    tessera.viewerId = null;
+    setState("closed");
+    $("leave").hidden = $("end").hidden = $("control").hidden = $("lock").hidden = true;
+  }
+
+  // ------------------------------------------------------------------ data channel
+
+  function send(message) {
+    if (channel && channel.readyState === "open") {
+      channel.send(JSON.stringify(message));
+      return true;
+    }
+    return false;
+  }
+
+  function onMessage(event) {
+    let msg;
+    try { msg = JSON.parse(event.data); } catch (e) { return; }
+    if (msg.t === "pong") {
+      tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
+    } else if (msg.t === "denied") {
+      if (tessera.controlling) setRole("spectator");
+    } else if (msg.t === "control" || msg.t === "role") {
+      setRole(msg.controlling || msg.role === "player" ? "player" : "spectator");
+    }
+  }
+
+  // ------------------------------------------------------------------ input
+
+  const pressed = new Set();
+  const pointer = { x: 0, y: 0 };
+  let pendingMove = false;
+
+  function inputAllowed() {
+    return tessera.controlling && channel && channel.readyState === "open";
+  }
+
+  function typingInForm(event) {
+    const tag = event.target && event.target.tagName;
+    return tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA";
+  }
+
+  // Where a point of the page falls in the video's own pixels (object-fit: contain letterboxes)
+  function videoPixel(clientX, clientY) {
+    const rect = video.getBoundingClientRect();
+    const vw = video.videoWidth, vh = video.videoHeight;
+    if (!vw || !vh || !rect.width || !rect.height) return null;
+    const scale = Math.min(rect.width / vw, rect.height / vh);
+    const left = rect.left + (rect.width - vw * scale) / 2;
+    const top = rect.top + (rect.height - vh * scale) / 2;
+    const x = Math.floor((clientX - left) / scale);
+    const y = Math.floor((clientY - top) / scale);
+    if (x < 0 || y < 0 || x >= vw || y >= vh) return null;
+    return { x, y };
+  }
+
+  const sent = { x: -1, y: -1 };
+
+  // the pointer's position, if it moved since it was last sent
+  function flushMove() {
+    if (pointer.x === sent.x && pointer.y === sent.y) return;
+    if (send({ t: "mm", x: pointer.x, y: pointer.y })) { sent.x = pointer.x; sent.y = pointer.y; }
+  }
+
+  function queueMove() {
+    if (pendingMove) return;
+    pendingMove = true;
+    requestAnimationFrame(() => {  // at most one move per displayed frame
+      pendingMove = false;
+      flushMove();
+    });
+  }
+
+  function locked() {
+    return document.pointerLockElement === video;
+  }
+
+  video.addEventListener("mousemove", (event) => {
+    if (!inputAllowed()) return;
+    if (locked()) {
+      pointer.x = clamp(pointer.x + event.movementX, 0, video.videoWidth - 1);
+      pointer.y = clamp(pointer.y + event.movementY, 0, video.videoHeight - 1);
+    } else {
+      const p = videoPixel(event.clientX, event.clientY);
+      if (!p) return;
+      pointer.x = p.x; pointer.y = p.y;
+    }
+    queueMove();
+  });
+
+  function buttonEvent(event, down) {
+    if (!inputAllowed()) return;
+    if (!locked()) {
+      const p = videoPixel(event.clientX, event.clientY);
+      if (!p) return;
+      pointer.x = p.x; pointer.y = p.y;
+    }
+    flushMove();  // the button acts where the pointer is now, not where it was a frame ago
+    event.preventDefault();
+    video.focus();
+    const b = { 0: 1, 1: 2, 2: 3 }[event.button];
+    if (b === undefined) return;
+    const key = "mouse" + b;
+    if (down) pressed.add(key); else pressed.delete(key);
+    send({ t: "mb", b, d: down });
+  }
+
+  video.addEventListener("mousedown", (event) => buttonEvent(event, true));
+  window.addEventListener("mouseup", (event) => {
+    if (pressed.has("mouse" + ({ 0: 1, 1: 2, 2: 3 }[event.button]))) buttonEvent(event, false);
+  });
+  video.addEventListener("contextmenu", (event) => event.preventDefault());
+  video.addEventListener("wheel", (event) => {
+    if (!inputAllowed()) return;
+    event.preventDefault();
+    // one notch = 1; pixel-mode wheels (touchpads) send ~100 per notch
+    const unit = event.deltaMode === 0 ? 100 : event.deltaMode === 1 ? 3 : 1;
+    const dx = Math.round(event.deltaX / unit), dy = Math.round(event.deltaY / unit);
+    flushMove();
+    if (dx || dy) send({ t: "wh", dx: dx || 0, dy: dy || 0 });
+  }, { passive: false });
+
+  window.addEventListener("keydown", (event) => {
+    if (!inputAllowed() || typingInForm(event) || !event.code) return;
+    event.preventDefault();
+    if (event.repeat && pressed.has(event.code)) return;  // the remote side repeats on its own
+    pressed.add(event.code);
+    send({ t: "kd", code: event.code });
+  });
+  window.addEventListener("keyup", (event) => {
+    if (!inputAllowed() || typingInForm(event) || !event.code) return;
+    event.preventDefault();
+    pressed.delete(event.code);
+    send({ t: "ku", code: event.code });
+  });
+
+  // A key or button held while the page loses focus would stay down on the remote side
+  function releaseAll() {
+    for (const key of pressed) {
+      if (key.startsWith("mouse")) send({ t: "mb", b: Number(key.slice(5)), d: false });
+      else send({ t: "ku", code: key });
+    }
+    pressed.clear();
+  }
+  window.addEventListener("blur", releaseAll);
+  document.addEventListener("visibilitychange", () => { if (document.hidden) releaseAll(); });
+
+  // ------------------------------------------------------------------ stats
+
+  async function updateStats() {
+    if (!pc) return;
+    send({ t: "ping", ts: performance.now() });
+    const report = await pc.getStats();
+    let inbound = null, pairId = null, pair = null;
+    const pairs = {};
+    report.forEach((s) => {
+      if (s.type === "inbound-rtp" && s.kind === "video") inbound = s;
+      else if (s.type === "transport" && s.selectedCandidatePairId) pairId = s.selectedCandidatePairId;
+      else if (s.type === "candidate-pair") pairs[s.id] = s;
+    });
+    pair = pairs[pairId] || Object.values(pairs).find((p) => p.nominated && p.state === "succeeded");
+    const st = tessera.stats;
+    if (pair && pair.currentRoundTripTime !== undefined) st.rtt_ms = round(pair.currentRoundTripTime * 1000, 1);
+    if (inbound) {
+      if (prevStats) {
+        const dt = (inbound.timestamp - prevStats.timestamp) / 1000;
+        const frames = (inbound.framesDecoded || 0) - (prevStats.framesDecoded || 0);
+        if (dt > 0) {
+          st.fps = round(frames / dt, 1);
+          st.bitrate_kbps = round(8 * ((inbound.bytesReceived || 0) - (prevStats.bytesReceived || 0)) / dt / 1000, 0);
+        }
+        const decode = (inbound.totalDecodeTime || 0) - (prevStats.totalDecodeTime || 0);
+        if (frames > 0) st.decode_ms = round(1000 * decode / frames, 2);
+        const emitted = (inbound.jitterBufferEmittedCount || 0) - (prevStats.jitterBufferEmittedCount || 0);
+        const delay = (inbound.jitterBufferDelay || 0) - (prevStats.jitterBufferDelay || 0);
+        if (emitted > 0) st.jitter_buffer_ms = round(1000 * delay / emitted, 1);
+      } else if (inbound.framesDecoded) {
+        st.decode_ms = round(1000 * (inbound.totalDecodeTime || 0) / inbound.framesDecoded, 2);
+      }
+      st.frames_decoded = inbound.framesDecoded || 0;
+      st.frames_dropped = inbound.framesDropped || 0;
+      st.packets_lost = inbound.packetsLost || 0;
+      st.bytes_received = inbound.bytesReceived || 0;
+      const codec = inbound.codecId && report.get(inbound.codecId);
+      if (codec) st.codec = codec.mimeType;
+      prevStats = inbound;
+      if (inbound.frameWidth) { tessera.frameWidth = inbound.frameWidth; tessera.frameHeight = inbound.frameHeight; }
+      if (st.frames_decoded > 0 && tessera.state === "connecting") setState("playing");
+    }
+    render();
+  }
+
+  function render() {
+    const st = tessera.stats;
+    const w = tessera.frameWidth || video.videoWidth, h = tessera.frameHeight || video.videoHeight;
+    $("s-res").textContent = w ? `${w}\u00d7${h}` : "\u2013";
+    $("s-fps").textContent = st.fps;
+    $("s-bitrate").textContent = st.bitrate_kbps >= 1000 ? `${(st.bitrate_kbps / 1000).toFixed(2)} Mbit/s` : `${st.bitrate_kbps} kbit/s`;
+    $("s-rtt").textContent = st.rtt_ms === null ? "\u2013" : `${st.rtt_ms} ms`;
+    $("s-ping").textContent = st.ping_ms === null ? "\u2013" : `${st.ping_ms} ms`;
+    $("s-decode").textContent = st.decode_ms === null ? "\u2013" : `${st.decode_ms} ms`;
+    $("s-jitter").textContent = st.jitter_buffer_ms === null ? "\u2013" : `${st.jitter_buffer_ms} ms`;
+    $("s-dropped").textContent = st.frames_dropped;
+    $("s-lost").textContent = st.packets_lost;
+    $("s-codec").textContent = st.codec || "\u2013";
+  }
+
+  video.addEventListener("resize", () => {
+    tessera.frameWidth = video.videoWidth;
+    tessera.frameHeight = video.videoHeight;
+    render();
+  });
+  video.addEventListener("playing", () => { if (tessera.state === "connecting") setState("playing"); });
+
+  function round(value, digits) {
+    const f = 10 ** digits;
+    return Math.round(value * f) / f;
+  }
+
+  function clamp(value, lo, hi) {
+    return Math.max(lo, Math.min(hi, value));
+  }
+
+  // ------------------------------------------------------------------ wiring
+
+  $("start").addEventListener("submit", startSession);
+  $("control").addEventListener("click", takeControl);
+  $("leave").addEventListener("click", () => leave(false));
+  $("end").addEventListener("click", () => leave(true));
+  $("lock").addEventListener("click", () => {
+    if (video.requestPointerLock) video.requestPointerLock();
+    video.focus();
+  });
+  window.addEventListener("pagehide", () => {
+    if (!tessera.viewerId || !tessera.sessionId) return;
+    const path = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/viewers/${encodeURIComponent(tessera.viewerId)}`;
+    fetch(api + path, { method: "DELETE", keepalive: true, credentials: "same-origin" }).catch(() => {});
+  });
+
+  if (tessera.sessionId) {
+    join(tessera.sessionId, params.get("role") || "player");
+  } else {
+    loadApps().then(() => { if (params.get("autostart")) startSession(); });
+  }
+})();
