@@ -4,13 +4,15 @@
 VENV ?= .venv
 PYTHON ?= python3.11
 PYTEST_ARGS ?=
+# where `make demo` delivers: a folder, or s3://BUCKET/PREFIX (FARM_S3_* and AWS_* configure it)
+OUTPUT ?= render/example
 
 PY := $(VENV)/bin/python
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test lint bench example clean
+.PHONY: help setup demo test lint bench example clean addon
 
 help:
 	@echo "make demo     set up, then render the example scene through the embedded farm"
@@ -20,13 +22,14 @@ help:
 	@echo "make bench    run every bench/*.py"
 	@echo "make example  regenerate farm/examples/example.blend from make_example.py"
 	@echo "make clean    remove caches and render output (keeps the venv)"
-	@echo "variables: VENV=$(VENV) PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS)"
+	@echo "make addon    build the Blender add-on zip dist/tessera_submit.zip"
+	@echo "variables: VENV=$(VENV) PYTHON=$(PYTHON) PYTEST_ARGS=$(PYTEST_ARGS) OUTPUT=$(OUTPUT)"
 
 setup:
 	@VENV='$(VENV)' PYTHON='$(PYTHON)' .ci/setup
 
 demo: setup
-	$(VENV)/bin/farm render farm/examples/example.blend --output render/example
+	$(VENV)/bin/farm render farm/examples/example.blend --output '$(OUTPUT)'
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -40,12 +43,17 @@ test: lint
 
 bench: setup
 	@shopt -s nullglob; for bench in bench/*.py; do \
+		grep -q '__main__' "$$bench" || continue; \
 		echo "== $$bench"; $(PY) "$$bench"; \
 	done
 
 example: setup
 	$(PY) farm/examples/make_example.py farm/examples/example.blend
 
+# the Blender add-on: install the zip in Blender (Preferences > Add-ons > Install from Disk)
+addon:
+	$(PYTHON) addon/build_zip.py dist/tessera_submit.zip
+
 clean:
-	rm -rf render/ out/ build/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ ./*.egg-info
+	rm -rf render/ out/ build/ dist/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ ./*.egg-info
 	find . \( -path ./.git -o -path ./.venv -o -path './$(VENV)' \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

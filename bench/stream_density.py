@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +40,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from farm.redisserver import RedisServer  # noqa: E402
-from tests.encoder.serviceprocess import ServiceProcess, ours_command, plain_command  # noqa: E402
+from bench.streambench import add_arm_options, arm_services, run_bench, spread  # noqa: E402
+from tests.encoder.serviceprocess import ServiceProcess  # noqa: E402
 from tests.encoder.streamclient import StreamClient, Viewer  # noqa: E402
 
 TARGET_CORE_PCT = 3.0
@@ -151,10 +149,6 @@ async def cpu_pct(service: ServiceProcess, window_s: float) -> float:
     return 100 * (service.cpu_s() - before) / (time.monotonic() - started)
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):7.2f} [{min(values):.2f}..{max(values):.2f}]"
-
-
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     width, height = (int(v) for v in args.size.lower().split("x"))
     opts = Options(width, height, args.fps, args.window, args.settle)
@@ -169,37 +163,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "plain_source": args.plain_source,
     }
-    with (
-        tempfile.TemporaryDirectory(prefix="stream-density-") as tmp,
-        RedisServer(Path(tmp) / "redis", unix_socket=False) as redis_server,
-    ):
-        env = {
-            "FARM_REDIS_URL": redis_server.url,
-            "FARM_STREAM_PORT": "0",
-            "FARM_STREAM_HOST": "127.0.0.1",
-            "FARM_CPU_ENCODE_SESSIONS": str(args.max_sessions + 1),
-            "FARM_LOG_LEVEL": "WARNING",
-        }
-        commands = {"ours": ours_command(), "plain": plain_command(args.plain_source)}
-        services = {a: ServiceProcess(commands[a], env, Path(tmp) / f"{a}.log") for a in arms}
-        try:
-            for service in services.values():
-                service.start()
-            async with aiohttp.ClientSession() as http:
-                clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
-                if "sessions" in parts:
-                    await run_sessions(args, opts, clients, figures)
-                if "spectators" in parts:
-                    await run_spectators(args, opts, clients, services, figures)
-        except BaseException:
-            for name, service in services.items():
-                if service.log is not None and service.log.exists():
-                    tail = service.log.read_text(errors="replace").splitlines()[-15:]
-                    print(f"--- {name} log tail:\n" + "\n".join(tail), file=sys.stderr)
-            raise
-        finally:
-            for service in services.values():
-                service.stop()
+    cpu_sessions = args.max_sessions + 1
+    with arm_services(arms, args.plain_source, cpu_sessions, "stream-density-") as services:
+        async with aiohttp.ClientSession() as http:
+            clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
+            if "sessions" in parts:
+                await run_sessions(args, opts, clients, figures)
+            if "spectators" in parts:
+                await run_spectators(args, opts, clients, services, figures)
     return figures
 
 
@@ -274,19 +245,8 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=2.0, help="wait before measuring, s")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--parts", default="sessions,spectators")
-    parser.add_argument(
-        "--plain-source",
-        choices=("live", "pull"),
-        default="live",
-        help="plain aiortc's source: live (frames at the source's clock, queued per viewer, as "
-        "aiortc's MediaPlayer/MediaRelay) or pull (painted when the encoder asks)",
-    )
-    parser.add_argument("--arms", default="ours,plain", help="which arms to run (smoke tests)")
-    args = parser.parse_args()
-    started = time.monotonic()
-    figures = asyncio.run(main_async(args))
-    figures["wall_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(figures))
+    add_arm_options(parser)
+    run_bench(main_async, parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -38,14 +38,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -58,9 +55,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.streambench import add_arm_options, arm_services, run_bench, spread  # noqa: E402
 from farm import lifetime  # noqa: E402
-from farm.redisserver import RedisServer  # noqa: E402
-from tests.encoder.serviceprocess import ServiceProcess, ours_command, plain_command  # noqa: E402
 from tests.encoder.streamclient import ReceivedFrame, StreamClient, Viewer, read_stamp  # noqa: E402
 
 ARMS = ("ours", "plain")
@@ -273,10 +269,6 @@ async def measure_condition(
     return results
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):7.2f} [{min(values):.2f}..{max(values):.2f}]"
-
-
 def summarize(
     prefix: str, results: dict[str, list[Run]], figures: dict[str, Any], title: str
 ) -> None:
@@ -329,41 +321,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "plain_source": args.plain_source,
     }
-    with (
-        tempfile.TemporaryDirectory(prefix="stream-latency-") as tmp,
-        RedisServer(Path(tmp) / "redis", unix_socket=False) as redis_server,
-    ):
-        env = {
-            "FARM_REDIS_URL": redis_server.url,
-            "FARM_STREAM_PORT": "0",
-            "FARM_STREAM_HOST": "127.0.0.1",
-            # room for the measured session and the load sessions on a CPU device
-            "FARM_CPU_ENCODE_SESSIONS": str(LOAD_SESSIONS + 4),
-            "FARM_LOG_LEVEL": "WARNING",
-        }
-        commands = {"ours": ours_command(), "plain": plain_command(args.plain_source)}
-        services = {
-            arm: ServiceProcess(commands[arm], env, Path(tmp) / f"{arm}.log")
-            for arm in args.arms.split(",")
-        }
-        try:
-            for service in services.values():
-                service.start()
-            async with aiohttp.ClientSession() as http:
-                clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
-                for arm, service in services.items():
-                    print(f"{arm}: {service.url} ({' '.join(service.command[1:])})")
-                await run_all(args, opts, clients, figures)
-        except BaseException:
-            for name, service in services.items():
-                log = service.log
-                if log is not None and log.exists():
-                    tail = log.read_text(errors="replace").splitlines()[-15:]
-                    print(f"--- {name} log tail:\n" + "\n".join(tail), file=sys.stderr)
-            raise
-        finally:
-            for service in services.values():
-                service.stop()
+    arms = args.arms.split(",")
+    # room for the measured session and the load sessions on a CPU device
+    cpu_sessions = LOAD_SESSIONS + 4
+    with arm_services(arms, args.plain_source, cpu_sessions, "stream-latency-") as services:
+        async with aiohttp.ClientSession() as http:
+            clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
+            for arm, service in services.items():
+                print(f"{arm}: {service.url} ({' '.join(service.command[1:])})")
+            await run_all(args, opts, clients, figures)
     return figures
 
 
@@ -430,23 +396,12 @@ def main() -> None:
     parser.add_argument("--fps", type=int, default=60)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--conditions", default="idle,loaded")
-    parser.add_argument(
-        "--plain-source",
-        choices=("live", "pull"),
-        default="live",
-        help="plain aiortc's source: live (frames at the source's clock, queued per viewer, as "
-        "aiortc's MediaPlayer/MediaRelay) or pull (painted when the encoder asks)",
-    )
-    parser.add_argument("--arms", default="ours,plain", help="which arms to run (smoke tests)")
+    add_arm_options(parser)
     parser.add_argument("--load", choices=("sessions", "hog"), default="sessions")
     parser.add_argument(
         "--browser-frames", type=int, default=300, help="frames measured in Chromium (0: skip)"
     )
-    args = parser.parse_args()
-    started = time.monotonic()
-    figures = asyncio.run(main_async(args))
-    figures["wall_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(figures))
+    run_bench(main_async, parser.parse_args())
 
 
 if __name__ == "__main__":

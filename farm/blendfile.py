@@ -456,3 +456,41 @@ def _corrupt_block(path: Path, offset: int, what: str) -> BadBlendFile:
         "corrupt_block",
         offset=offset,
     )
+
+
+def expanded_size(path: Path, limit: int) -> int:
+    """Bytes ``path`` holds once decompressed (its size when it is not compressed).
+
+    Stops reading as soon as the count passes ``limit`` and raises TooLarge, so a small
+    compressed upload that would expand to terabytes costs at most ``limit`` bytes of work.
+    """
+    from farm.errors import TooLarge
+
+    path = Path(path)
+    with path.open("rb") as file:
+        size = file.seek(0, 2)
+        file.seek(0)
+        head = file.read(4)
+        file.seek(0)
+        source: _Source
+        if head.startswith(GZIP_MAGIC):
+            source = _GzipSource(file, path, size)
+        elif head.startswith(ZSTD_MAGIC):
+            source = _ZstdSource(file, path, size)
+        else:
+            if size > limit:
+                raise TooLarge(
+                    f"{path.name} is {size} bytes, over the limit of {limit}", limit=limit
+                )
+            return size
+        total = 0
+        while chunk := source.read():
+            total += len(chunk)
+            if total > limit:
+                raise TooLarge(
+                    f"{path.name} expands to more than {limit} bytes ({source.kind}-compressed "
+                    f"{size} bytes); the limit is FARM_UNPACK_MAX_BYTES",
+                    limit=limit,
+                    compression=source.kind,
+                )
+        return total

@@ -48,6 +48,38 @@ def _job_options(p: argparse.ArgumentParser) -> None:
         help="render even though external files are missing (they render magenta)",
     )
     p.add_argument("--max-attempts", type=int, help="attempts per tile before the job fails")
+    p.add_argument(
+        "--denoise",
+        action="store_true",
+        help="denoise each frame once after stitching or merging (OpenImageDenoise)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("tiles", "sample-split"),
+        default="tiles",
+        help="split a frame into tiles, or (stills) its samples between workers (default tiles)",
+    )
+    p.add_argument("--split", type=int, default=2, help="parts of a sample split (default 2)")
+    p.add_argument(
+        "--passes",
+        action="store_true",
+        help="the EXR holds every view-layer pass and Cryptomatte (multilayer)",
+    )
+    p.add_argument(
+        "--backend",
+        help="Cycles GPU backend: OPTIX, CUDA, HIP, ONEAPI, METAL (default: the worker's best)",
+    )
+    p.add_argument(
+        "--allow-cpu-fallback",
+        action="store_true",
+        help="a tile whose GPU or backend is unusable renders on the CPU instead of failing",
+    )
+    p.add_argument(
+        "--no-preview",
+        dest="preview",
+        action="store_false",
+        help="no MP4 preview of an animation",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
@@ -59,13 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("render", help="render a .blend on an embedded farm (no setup needed)")
     _job_options(p)
-    p.add_argument("--output", type=Path, help="folder for the frames (default: render/NAME)")
+    p.add_argument(
+        "--output",
+        help="folder or s3://BUCKET/PREFIX for the frames and manifest.json (default: render/NAME)",
+    )
     p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     p.add_argument("--keep-logs", type=Path, help="copy the workers' logs into this folder")
 
     p = sub.add_parser("submit", help="submit a .blend to the farm at FARM_REDIS_URL")
     _job_options(p)
-    p.add_argument("--output", type=Path, required=True, help="folder the frames are delivered to")
+    p.add_argument(
+        "--output", required=True, help="folder or s3://BUCKET/PREFIX the frames are delivered to"
+    )
     p.add_argument("--wait", action="store_true", help="watch the job until it ends")
 
     p = sub.add_parser("status", help="show one job, or the latest jobs")
@@ -83,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gpus", help="devices in the pool: capacity, use and leases")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("usage", help="a project's GPU-hours, kWh, cost and CO2e")
+    p.add_argument("--project", help="the project (default: every project with usage)")
+    p.add_argument("--since", help="from a date (2026-11-01, 2026-11-01T12:00) or age (7d, 24h)")
+    p.add_argument("--until", help="up to a date or age (default: now)")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser(
         "worker", help="serve a device's render queue (one per GPU, or one CPU worker)"
     )
@@ -90,6 +133,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-index", type=int, help="overrides FARM_GPU_INDEX")
     p.add_argument("--name", help="worker name (default host-device-pid)")
     p.add_argument("--burst", action="store_true", help="quit when the queue is empty")
+
+    p = sub.add_parser(
+        "stream", help="serve stream sessions on one device (one per GPU, or the CPU device)"
+    )
+    p.add_argument("--device", choices=DEVICE_KINDS, help="overrides FARM_DEVICE")
+    p.add_argument("--gpu-index", type=int, help="overrides FARM_GPU_INDEX")
+    p.add_argument("--port", type=int, help="overrides FARM_STREAM_PORT (0: a free port)")
+
+    p = sub.add_parser("web", help="serve the web UI and API (FARM_WEB_HOST:FARM_WEB_PORT)")
+    p.add_argument("--host", help="overrides FARM_WEB_HOST")
+    p.add_argument("--port", type=int, help="overrides FARM_WEB_PORT (0: a free port)")
+
+    p = sub.add_parser(
+        "up", help="the whole local stack: Redis, web on 127.0.0.1:8080, workers, streams"
+    )
+    p.add_argument(
+        "--data", type=Path, default=Path("tessera-data"), help="data folder (./tessera-data)"
+    )
+    p.add_argument("--port", type=int, help="web port (default 8080; 0: a free port)")
+
+    p = sub.add_parser("token", help="create or revoke API tokens (farm admins)")
+    tok = p.add_subparsers(dest="token_command", required=True)
+    t = tok.add_parser("create", help="a new API token for a user (printed once)")
+    t.add_argument("--user", required=True)
+    t.add_argument("--project", help="add the user to this project (created if new)")
+    t.add_argument("--role", default="member", help="admin, member or viewer (default member)")
+    t.add_argument("--admin", action="store_true", help="the user administers the whole farm")
+    t.add_argument("--json", action="store_true")
+    t = tok.add_parser("revoke", help="revoke a token by its id")
+    t.add_argument("token_id")
     return parser
 
 
@@ -119,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _request(
-    args: argparse.Namespace, settings: Settings, output: Path
+    args: argparse.Namespace, settings: Settings, output: Path | str
 ) -> submission.RenderRequest:
     from farm import submission
 
@@ -135,6 +208,13 @@ def _request(
         allow_missing=args.allow_missing,
         max_attempts=args.max_attempts or settings.max_attempts,
         tile_timeout_s=settings.tile_timeout_s,
+        denoise=args.denoise,
+        mode=args.mode.replace("-", "_"),
+        split_parts=args.split,
+        passes=args.passes,
+        backend=args.backend,
+        allow_cpu_fallback=args.allow_cpu_fallback,
+        preview=args.preview,
     )
 
 
@@ -143,7 +223,7 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
     if args.workers < 1 or args.workers > 64:
         raise BadParameter(f"--workers must be 1 to 64, not {args.workers}")
-    output = args.output or Path("render") / args.blend.stem
+    output = args.output or str(Path("render") / args.blend.stem)
     req = _request(args, settings, output)
     outcome = embedded.render(
         settings, args.blend, req, args.workers, sys.stderr, keep_dir=args.keep_logs
@@ -154,6 +234,8 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
         f"in {outcome.elapsed_s:.1f} s",
         file=sys.stderr,
     )
+    print(f"farm: file list with sizes, sha256 and links: {job.spec.output}/manifest.json",
+          file=sys.stderr)  # fmt: skip
     if not args.json:
         return None
     return {
@@ -166,19 +248,22 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
 
 def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
-    from farm import jobstore, queue, submission
+    from farm import delivery, jobstore, queue, submission
     from farm.blendfile import check_blend
-    from farm.storage import LocalStorage
+    from farm.storage import farm_storage
 
     req = _request(args, settings, args.output)
     submission.check_request(req)
     check_blend(args.blend)
-    source = LocalStorage(settings.storage_dir).put_upload(args.blend)
+    storage = farm_storage(settings)
+    source = storage.put_upload(args.blend)
+    storage.close()
     rq_conn = queue.connect(settings.redis_url)
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     render_queue = queue.RenderQueue(rq_conn, req.device)
     report = submission.inspect(store.conn, render_queue, source, settings.inspect_timeout_s)
     spec, warnings = submission.plan_job(req, report, source)
+    delivery.check_output(spec, settings)
     job_id = submission.submit(rq_conn, store, render_queue, spec, warnings, report.autoexec_fail)
     for w in warnings:
         print(f"farm: warning: {w}", file=sys.stderr)
@@ -259,15 +344,20 @@ def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     return None
 
 
-def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
-    from workers.child import BlenderChild
-
+def _device_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings a worker's or stream service's --device and --gpu-index override."""
     changes: dict[str, Any] = {}
     if args.device:
         changes["device"] = args.device
     if args.gpu_index is not None:
         changes["gpu_index"] = args.gpu_index
-    settings = settings.with_(**changes)
+    return changes
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
+    from workers.child import BlenderChild
+
+    settings = settings.with_(**_device_changes(args))
     name = args.name or settings.worker_name()
     # Blender starts first and imports bpy while this process imports the worker (rq, numpy).
     child = BlenderChild.for_settings(settings, name)
@@ -316,6 +406,85 @@ def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
     return None
 
 
+def cmd_stream(settings: Settings, args: argparse.Namespace) -> None:
+    import asyncio
+    import signal
+
+    from encoder.service import serve_forever
+
+    changes = _device_changes(args)
+    if args.port is not None:
+        changes["stream_port"] = args.port
+    settings = settings.with_(**changes)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_forever(settings, stop)
+
+    asyncio.run(run())
+
+
+def cmd_usage(settings: Settings, args: argparse.Namespace) -> Any:
+    from farm import jobstore, usage
+
+    conn = jobstore.connect(settings.redis_url)
+    names = [args.project] if args.project else usage.projects(conn)
+    summaries = [
+        usage.project_usage(conn, settings, name, args.since, args.until) for name in names
+    ]
+    if args.json:
+        return summaries[0] if args.project else summaries
+    if not summaries:
+        print("no usage recorded yet")
+        return None
+    print("\n\n".join(usage.render_text(s) for s in summaries))
+    return None
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> None:
+    from web.serve import serve
+
+    changes: dict[str, Any] = {}
+    if args.host is not None:
+        changes["web_host"] = args.host
+    if args.port is not None:
+        changes["web_port"] = args.port
+    serve(settings.with_(**changes))
+
+
+def cmd_up(settings: Settings, args: argparse.Namespace) -> None:
+    from web.stack import up
+
+    up(settings.with_(web_port=settings.web_port if args.port is None else args.port), args.data)
+
+
+def cmd_token(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import jobstore
+    from web.accounts import Accounts, check_role
+
+    conn = jobstore.connect(settings.redis_url)
+    try:
+        accounts = Accounts(conn)
+        if args.token_command == "revoke":
+            accounts.revoke_token(args.token_id)
+            print(f"token {args.token_id} revoked", file=sys.stderr)
+            return None
+        accounts.ensure_user(args.user, admin=args.admin)
+        if args.project:
+            accounts.set_role(args.user, args.project, check_role(args.role))
+        issued = accounts.create_token(args.user)
+    finally:
+        conn.close()
+    if args.json:
+        return {"token": issued.token, "token_id": issued.token_id, "user": issued.user}
+    print(issued.token)
+    print(f"token id {issued.token_id} for {issued.user} (shown once; keep it)", file=sys.stderr)
+    return None
+
+
 COMMANDS = {
     "render": cmd_render,
     "submit": cmd_submit,
@@ -324,4 +493,9 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "worker": cmd_worker,
     "gpus": cmd_gpus,
+    "usage": cmd_usage,
+    "stream": cmd_stream,
+    "web": cmd_web,
+    "up": cmd_up,
+    "token": cmd_token,
 }

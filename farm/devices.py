@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -13,7 +12,7 @@ from typing import Any
 
 from farm.errors import BadParameter
 from farm.nvml import GpuInfo, Nvml, model_of
-from farm.settings import Settings
+from farm.settings import Settings, json_object
 
 CPU_CLASS = "cpu"
 
@@ -118,14 +117,7 @@ def apply_overrides(devices: list[Device], overrides_json: str) -> list[Device]:
 
 def parse_overrides(text: str) -> dict[str, dict[str, Any]]:
     """FARM_DEVICE_OVERRIDES parsed and checked: ``{key: {field: value}}``."""
-    if not text.strip():
-        return {}
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise BadParameter(f"FARM_DEVICE_OVERRIDES is not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise BadParameter("FARM_DEVICE_OVERRIDES must be a JSON object keyed by device")
+    raw = json_object(text, "FARM_DEVICE_OVERRIDES", "keyed by device")
     return {key: _checked_override(key, value) for key, value in raw.items()}
 
 

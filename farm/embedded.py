@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from farm import jobstore, lifetime, queue, submission
+from farm import delivery, jobstore, lifetime, queue, submission
 from farm.blendfile import check_blend
 from farm.errors import JobCanceled, JobFailed, QueueError, SetupError
 from farm.models import BlendSource, InspectionReport, JobStatus
@@ -26,7 +26,6 @@ from farm.redisserver import RedisServer
 from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState
 from farm.storage import sha256_file
-from farm.tiling import TileGrid
 
 log = logging.getLogger("tessera.embedded")
 
@@ -168,6 +167,7 @@ def render(
             local = settings.with_(
                 redis_url=redis_server.url,
                 storage_dir=root / "storage",
+                storage_url="",  # tiles stay in this private folder; frames go to the output
                 work_dir=root / "work",
                 device=req.device,
                 cpu_threads=settings.cpu_threads or threads_per_worker(workers),
@@ -211,10 +211,11 @@ def _run(
         on_wait=lambda: pool.check(lambda line: print(line, file=stream)),
     )
     spec, warnings = submission.plan_job(req, report, source)
+    delivery.check_output(spec, settings)
     job_id = submission.submit(
         rq_conn, store, render_queue, spec, warnings, scripts_blocked=report.autoexec_fail
     )
-    bar = ProgressBar(stream, len(spec.frames) * TileGrid.parse(spec.tiles).count, len(spec.frames))
+    bar = ProgressBar(stream, len(spec.frames) * spec.tasks_per_frame, len(spec.frames))
     for w in warnings:
         bar.note(f"warning: {w}")
     try:

@@ -75,12 +75,42 @@ class NoCamera(InputError):
     code = "no_camera"
 
 
+class TooLarge(InputError):
+    """An upload, or what it unpacks to, is over the configured limit."""
+
+    code = "too_large"
+
+
+class BadArchive(InputError):
+    """A zip upload that cannot be unpacked safely (paths leaving it, links, no .blend)."""
+
+    code = "bad_archive"
+
+
 # --- state and lookups -------------------------------------------------------------------------
 
 
 class NotFound(FarmError):
     code = "not_found"
     exit_status = 3
+
+
+class Unauthorized(FarmError):
+    """No valid API token or session: log in, or send ``Authorization: Bearer <token>``."""
+
+    code = "unauthorized"
+
+
+class Forbidden(FarmError):
+    """The user is known but their role in the project does not allow this."""
+
+    code = "forbidden"
+
+
+class Conflict(FarmError):
+    """The request does not fit the object's current state (an upload offset, a job state)."""
+
+    code = "conflict"
 
 
 class IllegalTransition(FarmError):
@@ -110,6 +140,12 @@ class TileTimeout(RenderError):
     code = "tile_timeout"
 
 
+class TileAbandoned(RenderError):
+    """The worker stopped (SIGTERM past its grace period) before the tile finished."""
+
+    code = "tile_abandoned"
+
+
 class DeviceUnavailable(RenderError):
     """The device asked for (a GPU backend, a GPU index) is not present or not usable."""
 
@@ -128,6 +164,42 @@ class SetupError(FarmError):
 
 class StorageError(FarmError):
     code = "storage_error"
+
+
+class StorageUnavailable(StorageError):
+    """The store could not be reached or kept failing (5xx, resets, timeouts) after retries."""
+
+    code = "storage_unavailable"
+
+
+class StorageDenied(StorageError):
+    """Missing or refused credentials, or a permission the store's policy does not grant."""
+
+    code = "storage_denied"
+
+
+class StorageNotFound(StorageError):
+    """The bucket or the object is not there."""
+
+    code = "storage_not_found"
+
+
+class AlreadyCommitted(StorageError):
+    """An object written once (a frame) already exists with other bytes; it is never replaced."""
+
+    code = "already_committed"
+
+
+class StorageCorrupt(StorageError):
+    """What the store holds after an upload is not what was sent (size or checksum differ)."""
+
+    code = "storage_corrupt"
+
+
+class OutputExists(InputError):
+    """The job's output already holds frames it would write; outputs are never overwritten."""
+
+    code = "output_exists"
 
 
 class QueueError(FarmError):
@@ -173,3 +245,24 @@ class LeaseLost(FarmError):
     """The lease expired, was released, or was revoked (preempted by a stream)."""
 
     code = "lease_lost"
+
+
+# --- streams -----------------------------------------------------------------------------------
+
+
+class StreamError(FarmError):
+    """A stream session could not start or keep running."""
+
+    code = "stream_error"
+
+
+class SourceFailed(StreamError):
+    """The session's display, app or capture failed (the message names which)."""
+
+    code = "source_failed"
+
+
+class EncoderUnavailable(StreamError):
+    """No video encoder could be opened for the session (FARM_NVENC names the policy)."""
+
+    code = "encoder_unavailable"

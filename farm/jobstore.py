@@ -12,7 +12,6 @@ from farm.errors import NotFound
 from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
 from farm.redisclient import Redis, guard
 from farm.states import JOB_FINAL, JobState, TileState
-from farm.tiling import TileGrid
 
 #: how long after its last renewal a rendering tile counts as abandoned
 TILE_LEASE_S = 30.0
@@ -46,6 +45,7 @@ class JobStore:
         self._claim_frame = conn.register_script(jobscripts.CLAIM_FRAME)
         self._end = conn.register_script(jobscripts.END_JOB)
         self._recover = conn.register_script(jobscripts.RECOVER)
+        self._retry = conn.register_script(jobscripts.RETRY_FAILED)
 
     # --- creating -------------------------------------------------------------------------
 
@@ -60,9 +60,10 @@ class JobStore:
         The caller adds the queue pushes to the same pipeline, so a job exists exactly when its
         tiles are queued.
         """
-        grid = TileGrid.parse(spec.tiles)
+        # tiles of the grid, or parts of a sample split: the same tasks either way
+        per_frame = spec.tasks_per_frame
         now = time.time()
-        tasks = [TileTask(job_id, f, i, 1) for f in spec.frames for i in range(grid.count)]
+        tasks = [TileTask(job_id, f, i, 1) for f in spec.frames for i in range(per_frame)]
         pipe.hset(
             keys.job(job_id),
             mapping={
@@ -75,7 +76,7 @@ class JobStore:
                 "tile_failures": 0,
                 "frames_total": len(spec.frames),
                 "frames_done": 0,
-                "tiles_per_frame": grid.count,
+                "tiles_per_frame": per_frame,
                 "scripts_blocked": int(scripts_blocked),
                 "warnings": "\n".join(warnings),
             },
@@ -251,6 +252,21 @@ class JobStore:
                 [job_id, state.value, time.time(), reason],
             )
         )
+
+    def retry_failed(self, job_id: str) -> tuple[str, list[TileTask]]:
+        """Queue every unfinished tile of a failed job again: ('ok', tiles to enqueue),
+        ('nothing', []) when none is left, ('job_<state>', []) when the job has not failed."""
+        flat = self._run(
+            self._retry, [keys.job(job_id), keys.tiles(job_id), keys.events(job_id)],
+            [job_id, time.time()],
+        )  # fmt: skip
+        outcome = str(flat[0])
+        rest = flat[1:]
+        tasks = [
+            TileTask(job_id, int(rest[i]), int(rest[i + 1]), int(rest[i + 2]))
+            for i in range(0, len(rest), 3)
+        ]
+        return outcome, tasks
 
     def warn(self, job_id: str, message: str) -> None:
         event = Event("warning", job_id, time.time(), message=message)

@@ -33,6 +33,11 @@ def events(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:events"
 
 
+def delivered(job_id: str) -> str:
+    """Hash: frame -> JSON list of the files delivered for it (name, size, sha256, url)."""
+    return f"{PREFIX}:job:{job_id}:delivered"
+
+
 def reply(token: str) -> str:
     """List a worker pushes one answer onto (inspection results)."""
     return f"{PREFIX}:reply:{token}"
@@ -91,3 +96,97 @@ def lease_gone(lease_id: str) -> str:
 def project_policy(project: str) -> str:
     """Hash: role -> comma-separated device classes the role may use in that project."""
     return f"{PREFIX}:project:{project}:policy"
+
+
+# --- accounts, projects and the web API ----------------------------------------------------------
+
+#: set of every user name
+USERS = f"{PREFIX}:users"
+#: set of every project id
+PROJECTS = f"{PREFIX}:projects"
+#: hash: token id -> sha256 of the token (revoking by id without knowing the token)
+TOKEN_IDS = f"{PREFIX}:token-ids"
+
+
+def user(name: str) -> str:
+    """Hash: ``admin`` (0/1) and ``created`` of one user."""
+    return f"{PREFIX}:user:{name}"
+
+
+def user_projects(name: str) -> str:
+    """Hash: project id -> the user's role there (admin, member, viewer)."""
+    return f"{PREFIX}:user:{name}:projects"
+
+
+def project(project_id: str) -> str:
+    """Hash: ``name`` and ``created`` of one project."""
+    return f"{PREFIX}:project:{project_id}"
+
+
+def project_members(project_id: str) -> str:
+    """Hash: user name -> role in the project."""
+    return f"{PREFIX}:project:{project_id}:members"
+
+
+def token(token_sha256: str) -> str:
+    """Hash: ``id``, ``user``, ``created`` of an API token, found by the token's sha256."""
+    return f"{PREFIX}:token:{token_sha256}"
+
+
+def web_session(session_sha256: str) -> str:
+    """String with a TTL: the user a browser session cookie (by its sha256) logs in as."""
+    return f"{PREFIX}:websession:{session_sha256}"
+
+
+def stored_upload(sha256: str) -> str:
+    """String: JSON of what storage holds for an upload's bytes (kind, .blend key, files)."""
+    return f"{PREFIX}:stored-upload:{sha256}"
+
+
+def upload(project_id: str, sha256: str) -> str:
+    """String: JSON record of an upload as the project sees it (name, kind, files, created)."""
+    return f"{PREFIX}:project:{project_id}:upload:{sha256}"
+
+
+def project_uploads(project_id: str) -> str:
+    """Sorted set: upload sha256 -> creation time, of one project."""
+    return f"{PREFIX}:project:{project_id}:uploads"
+
+
+def upload_session(session_id: str) -> str:
+    """Hash: project, user, name, size and offset of a resumable upload in progress."""
+    return f"{PREFIX}:uploadsession:{session_id}"
+
+
+def project_jobs(project_id: str) -> str:
+    """Sorted set: job id -> creation time, of one project."""
+    return f"{PREFIX}:project:{project_id}:jobs"
+
+
+def stream_owner(session_id: str) -> str:
+    """String: JSON {project, user} of a stream session started through the web API."""
+    return f"{PREFIX}:streamowner:{session_id}"
+
+
+# --- streams -----------------------------------------------------------------------------------
+
+#: hash: device id -> JSON {url, device_id, pid, host, started, alive_until} of the stream service
+#: serving that device (entries whose alive_until has passed are stale)
+STREAM_SERVICES = f"{PREFIX}:stream:services"
+
+
+# --- usage accounting (written by the allocator's scripts, read by farm.usage) -----------------
+
+#: set of the projects with recorded usage
+USAGE_PROJECTS = f"{PREFIX}:usage-projects"
+
+
+def usage(project: str) -> str:
+    """Stream: one entry per ended lease of the project (class, start, end, energy, job)."""
+    return f"{PREFIX}:usage:{project}"
+
+
+def usage_totals(project: str) -> str:
+    """Hash: the project's all-time totals; ``s|class|kind`` seconds, ``j|class`` measured
+    joules, ``u|class`` seconds without an energy counter."""
+    return f"{PREFIX}:usage:{project}:totals"

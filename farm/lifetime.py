@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from types import TracebackType
+from typing import Self
 
 _PR_SET_PDEATHSIG = 1
 
@@ -54,3 +56,26 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0, sig: int = signal.
                 proc.kill()
             proc.wait()
     return proc.returncode
+
+
+class ChildHandle:
+    """Base of a handle on a child process: ``with handle:`` starts it, and stops it however
+    the block ends. Subclasses define ``start`` and ``stop``."""
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -7,10 +7,12 @@ not understand instead of misreading it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from farm.errors import BadParameter
+from farm.tiling import TileGrid
 
 SCHEMA_VERSION = 1
 
@@ -22,6 +24,10 @@ OUTPUT_FORMATS: dict[str, tuple[str, str, str]] = {
     "jpeg": ("JPEG", "8", ".jpg"),
 }
 DEFAULT_FORMATS = ("exr", "png")
+#: how a still is split between workers: by tiles of the frame, or by runs of its samples
+TILES = "tiles"
+SAMPLE_SPLIT = "sample_split"
+SPLIT_MODES = (TILES, SAMPLE_SPLIT)
 #: largest image side Cycles is asked to render, in pixels
 MAX_RESOLUTION = 65_536
 MAX_SAMPLES = 1_000_000
@@ -87,7 +93,35 @@ class JobSpec:
     vram_mib: int = 0
     #: the project the job belongs to: access, device-class policy and usage accounting
     project: str = "default"
+    #: denoise each frame once, after stitching or merging (OIDN on noisy colour, albedo, normal)
+    denoise: bool = False
+    #: how a frame is split: "tiles" (the grid) or "sample_split" (split_parts workers each
+    #: render the whole frame with a disjoint run of the samples, merged afterwards)
+    mode: str = "tiles"
+    split_parts: int = 1
+    #: the exr output is a multilayer EXR of every view-layer pass (and Cryptomatte)
+    passes: bool = False
+    #: the Cycles GPU backend asked for (OPTIX, CUDA, HIP, ONEAPI, METAL); None: the worker's best
+    backend: str | None = None
+    #: a GPU tile whose GPU or backend is unusable renders on the CPU instead of failing
+    allow_cpu_fallback: bool = False
+    #: scene frame rate, for the video preview of an animation
+    fps: float = 24.0
+    #: deliver an H.264 MP4 of an animation's frames when they are all done
+    preview: bool = True
     v: int = SCHEMA_VERSION
+
+    @property
+    def tasks_per_frame(self) -> int:
+        """Render tasks per frame: tiles of the grid, or parts of the sample split."""
+        if self.mode == SAMPLE_SPLIT:
+            return self.split_parts
+        return TileGrid.parse(self.tiles).count
+
+    @property
+    def layered(self) -> bool:
+        """Whether tasks render multilayer EXRs (every pass) rather than plain RGBA."""
+        return self.denoise or self.passes or self.mode == SAMPLE_SPLIT
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -161,6 +195,20 @@ class InspectionReport:
         _check_version(data, "inspection report")
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def as_written(self, path: str) -> str:
+        """``path`` (as the worker found it) the way the user wrote it in Blender.
+
+        A file next to the .blend is shown relative to it (``//textures/a.png``): the farm's
+        storage layout is nobody's business; any other path is the user's own absolute one.
+        """
+        folder = os.path.dirname(self.path)
+        if folder and path.startswith(folder + os.sep):
+            return "//" + os.path.relpath(path, folder)
+        return path
+
+    def missing_as_written(self) -> list[str]:
+        return [self.as_written(p) for p in self.missing_files]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

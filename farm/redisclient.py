@@ -22,6 +22,12 @@ BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
 
 
+#: a reply slower than this is a dead connection (reconnect and retry). Every blocking call
+#: of the farm (XREAD BLOCK, BLPOP) blocks for less: they poll in steps of 0.5 to 2 s. rq sets
+#: its own, longer timeout on its connection for its dequeue.
+SOCKET_TIMEOUT_S = 10.0
+
+
 def _retry() -> Retry:
     return Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
 
@@ -32,8 +38,10 @@ def connect(url: str, *, text: bool = True) -> Redis:
     try:
         if text:
             return Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                  retry=_retry(), retry_on_error=errors)  # fmt: skip
-        return Redis.from_url(url, retry=_retry(), retry_on_error=errors)
+                                  socket_timeout=SOCKET_TIMEOUT_S, retry=_retry(),
+                                  retry_on_error=errors)  # fmt: skip
+        return Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, retry=_retry(),
+                              retry_on_error=errors)  # fmt: skip
     except ValueError as exc:
         raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
 

@@ -11,7 +11,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from farm import lifetime
 from farm.errors import BadParameter, SetupError
@@ -64,7 +63,7 @@ def _ready_pid(address: str | tuple[str, int], timeout_s: float) -> int | None:
     return int(info["process_id"])
 
 
-class RedisServer:
+class RedisServer(lifetime.ChildHandle):
     """One redis-server child bound to loopback (or a unix socket), with its data in ``work_dir``.
 
     The server receives SIGTERM when the thread that started it exits (PR_SET_PDEATHSIG), so
@@ -244,15 +243,3 @@ class RedisServer:
             self.start(timeout_s)
         finally:
             self._port_fixed = was_fixed
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

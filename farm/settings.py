@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -23,6 +24,55 @@ class Settings:
 
     storage_dir: Path = Path("/var/lib/tessera/storage")
     """FARM_STORAGE_DIR: the shared folder for uploads, tiles and frames (local storage)."""
+
+    storage_url: str = ""
+    """FARM_STORAGE_URL: where uploads and tiles are stored: ``file:///srv/tessera`` or
+    ``s3://bucket/prefix``; empty = the folder FARM_STORAGE_DIR."""
+
+    s3_endpoint_url: str = ""
+    """FARM_S3_ENDPOINT_URL: an S3-compatible endpoint (MinIO, Ceph, R2); empty = AWS."""
+
+    s3_region: str = ""
+    """FARM_S3_REGION: the bucket's region; empty = the AWS chain's (AWS_REGION, config)."""
+
+    s3_addressing_style: str = "auto"
+    """FARM_S3_ADDRESSING_STYLE: ``auto``, ``path`` (most MinIO set-ups) or ``virtual``."""
+
+    s3_storage_class: str = ""
+    """FARM_S3_STORAGE_CLASS: class of delivered frames and manifests (STANDARD_IA,
+    GLACIER_IR, ...); empty = the bucket's default. Tiles and uploads stay STANDARD."""
+
+    s3_sse: str = ""
+    """FARM_S3_SSE: server-side encryption of every object: empty (the bucket's default),
+    ``AES256`` (SSE-S3) or ``aws:kms`` (SSE-KMS)."""
+
+    s3_kms_key_id: str = ""
+    """FARM_S3_KMS_KEY_ID: the KMS key for ``aws:kms``; empty = the account's S3 key."""
+
+    s3_checksum: str = "when_supported"
+    """FARM_S3_CHECKSUM: ``when_supported`` (boto3's default CRC32 on every upload) or
+    ``when_required`` for stores that reject it; Content-MD5 is sent either way."""
+
+    s3_multipart_threshold_mib: int = 16
+    """FARM_S3_MULTIPART_THRESHOLD_MIB: objects this large or larger go up in parts."""
+
+    s3_multipart_chunk_mib: int = 8
+    """FARM_S3_MULTIPART_CHUNK_MIB: size of one part (S3 wants 5 MiB or more)."""
+
+    s3_max_concurrency: int = 4
+    """FARM_S3_MAX_CONCURRENCY: parts of one object uploaded at the same time."""
+
+    s3_max_attempts: int = 5
+    """FARM_S3_MAX_ATTEMPTS: tries per request (botocore standard retry mode)."""
+
+    s3_timeout_s: float = 60.0
+    """FARM_S3_TIMEOUT_S: connect and read timeout of one S3 request."""
+
+    presign_expiry_s: int = 86400
+    """FARM_PRESIGN_EXPIRY_S: lifetime of presigned download URLs (at most 7 days)."""
+
+    tile_retention: str = "delete"
+    """FARM_TILE_RETENTION: ``delete`` a frame's tiles once it is assembled, or ``keep`` them."""
 
     work_dir: Path = Path("/var/tmp/tessera")
     """FARM_WORK_DIR: this host's scratch space (Blender child logs, tile scratch files)."""
@@ -88,6 +138,99 @@ class Settings:
     agent_timeout_s: float = 15.0
     """FARM_AGENT_TIMEOUT_S: an agent silent for this long leaves the pool with its devices."""
 
+    stop_grace_s: float = 25.0
+    """FARM_STOP_GRACE_S: on SIGTERM, how long the tile being rendered may run before the
+    worker abandons it (requeued, not counted as a failure). Below Kubernetes' default 30 s
+    termination grace and a spot machine's notice."""
+
+    web_host: str = ""
+    """FARM_WEB_HOST: address `farm web` binds; empty = 127.0.0.1 without TLS, 0.0.0.0 with."""
+
+    web_port: int = 8080
+    """FARM_WEB_PORT: port of the web UI and API (0 = a free port)."""
+
+    tls_cert: Path | None = None
+    """FARM_TLS_CERT: PEM certificate chain; with FARM_TLS_KEY the web serves HTTPS (TLS 1.3+)."""
+
+    tls_key: Path | None = None
+    """FARM_TLS_KEY: PEM private key of FARM_TLS_CERT."""
+
+    upload_max_bytes: int = 8 << 30
+    """FARM_UPLOAD_MAX_BYTES: largest upload accepted (bytes as sent, compressed or zipped)."""
+
+    unpack_max_bytes: int = 32 << 30
+    """FARM_UNPACK_MAX_BYTES: most bytes a zip or compressed .blend may expand to."""
+
+    session_ttl_s: float = 12 * 3600.0
+    """FARM_SESSION_TTL_S: lifetime of a browser login session (cookie)."""
+
+    upload_session_ttl_s: float = 24 * 3600.0
+    """FARM_UPLOAD_SESSION_TTL_S: an unfinished resumable upload is dropped after this long idle."""
+
+    stream_host: str = "127.0.0.1"
+    """FARM_STREAM_HOST: address `farm stream` binds."""
+
+    stream_port: int = 8090
+    """FARM_STREAM_PORT: port of the stream service's HTTP API (0 = a free port)."""
+
+    stream_url: str = ""
+    """FARM_STREAM_URL: the URL the web reaches this stream service at; empty = from host/port."""
+
+    stream_apps: Path | None = None
+    """FARM_STREAM_APPS: a JSON or TOML file of apps added to (or replacing) the built-in
+    catalog: ``[{"name", "title", "command": [...], "width", "height", "fps"}]``."""
+
+    stream_grace_s: float = 30.0
+    """FARM_STREAM_GRACE_S: a session without viewers ends after this long."""
+
+    stream_min_kbps: int = 500
+    """FARM_STREAM_MIN_KBPS: the least video bitrate, whatever the receivers estimate."""
+
+    stream_max_kbps: int = 20000
+    """FARM_STREAM_MAX_KBPS: the most video bitrate a session sends."""
+
+    stream_vram_mib: int = 512
+    """FARM_STREAM_VRAM_MIB: VRAM (host memory on the CPU device) a stream session reserves."""
+
+    nvenc: str = "auto"
+    """FARM_NVENC: ``auto`` (h264_nvenc where it opens on the session's GPU, else libx264),
+    ``require`` (NVENC or refuse), ``fake`` (the NVENC path over libx264; tests only), ``off``."""
+
+    stun_urls: str = ""
+    """FARM_STUN_URLS: comma-separated STUN servers given to viewers (``stun:host:3478``)."""
+
+    turn_urls: str = ""
+    """FARM_TURN_URLS: comma-separated TURN servers (``turn:host:3478?transport=udp``)."""
+
+    turn_secret: str = ""
+    """FARM_TURN_SECRET: the TURN server's REST shared secret (coturn ``static-auth-secret``)."""
+
+    turn_ttl_s: float = 3600.0
+    """FARM_TURN_TTL_S: lifetime of the TURN credentials handed to a viewer."""
+
+    metrics_port: int = 0
+    """FARM_METRICS_PORT: port of a render worker's Prometheus /metrics server; 0 = none (the
+    web and the stream service serve /metrics on their own port)."""
+
+    metrics_host: str = "127.0.0.1"
+    """FARM_METRICS_HOST: address a render worker's /metrics server binds (0.0.0.0 in a
+    container)."""
+
+    usage_prices: str = ""
+    """FARM_USAGE_PRICES: JSON price per device-hour by device class, ``{"t4": 0.35, "a100":
+    2.9, "cpu": 0.04, "*": 1.0}`` (``*``: any other class); unset prices cost 0."""
+
+    usage_currency: str = "USD"
+    """FARM_USAGE_CURRENCY: the currency of FARM_USAGE_PRICES (a label only)."""
+
+    grid_carbon_g_per_kwh: float = 400.0
+    """FARM_GRID_CARBON_G_PER_KWH: grid carbon intensity for CO2e (gCO2e per kWh; set the
+    figure of your grid or provider)."""
+
+    device_watts: str = ""
+    """FARM_DEVICE_WATTS: JSON watts per device class, ``{"t4": 70, "cpu": 120}``, to estimate
+    energy where NVML has no energy counter (defaults: the boards' rated power)."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -133,9 +276,24 @@ class Settings:
             )
         if self.device not in DEVICE_KINDS:
             raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
+        for attr, allowed in STORAGE_CHOICES.items():
+            if getattr(self, attr) not in allowed:
+                raise BadParameter(
+                    f"{ENV[attr][0]}={getattr(self, attr)!r} is not one of "
+                    f"{', '.join(repr(a) for a in allowed)}"
+                )
+        if self.presign_expiry_s > PRESIGN_MAX_S:
+            raise BadParameter(f"FARM_PRESIGN_EXPIRY_S is at most {PRESIGN_MAX_S} (7 days)")
         if self.gpu_backend is not None and self.gpu_backend.upper() not in GPU_BACKENDS:
             raise BadParameter(
                 f"GPU backend {self.gpu_backend!r} is not one of {', '.join(GPU_BACKENDS)}"
+            )
+        if self.nvenc not in NVENC_MODES:
+            raise BadParameter(f"FARM_NVENC {self.nvenc!r} is not one of {', '.join(NVENC_MODES)}")
+        if self.stream_min_kbps > self.stream_max_kbps:
+            raise BadParameter(
+                f"FARM_STREAM_MIN_KBPS ({self.stream_min_kbps}) is above FARM_STREAM_MAX_KBPS "
+                f"({self.stream_max_kbps})"
             )
         return self
 
@@ -152,6 +310,21 @@ class Settings:
 ENV: dict[str, tuple[str, type, float]] = {
     "redis_url": ("FARM_REDIS_URL", str, 0),
     "storage_dir": ("FARM_STORAGE_DIR", Path, 0),
+    "storage_url": ("FARM_STORAGE_URL", str, 0),
+    "s3_endpoint_url": ("FARM_S3_ENDPOINT_URL", str, 0),
+    "s3_region": ("FARM_S3_REGION", str, 0),
+    "s3_addressing_style": ("FARM_S3_ADDRESSING_STYLE", str, 0),
+    "s3_storage_class": ("FARM_S3_STORAGE_CLASS", str, 0),
+    "s3_sse": ("FARM_S3_SSE", str, 0),
+    "s3_kms_key_id": ("FARM_S3_KMS_KEY_ID", str, 0),
+    "s3_checksum": ("FARM_S3_CHECKSUM", str, 0),
+    "s3_multipart_threshold_mib": ("FARM_S3_MULTIPART_THRESHOLD_MIB", int, 5),
+    "s3_multipart_chunk_mib": ("FARM_S3_MULTIPART_CHUNK_MIB", int, 5),
+    "s3_max_concurrency": ("FARM_S3_MAX_CONCURRENCY", int, 1),
+    "s3_max_attempts": ("FARM_S3_MAX_ATTEMPTS", int, 1),
+    "s3_timeout_s": ("FARM_S3_TIMEOUT_S", float, 0.1),
+    "presign_expiry_s": ("FARM_PRESIGN_EXPIRY_S", int, 1),
+    "tile_retention": ("FARM_TILE_RETENTION", str, 0),
     "work_dir": ("FARM_WORK_DIR", Path, 0),
     "device": ("FARM_DEVICE", str, 0),
     "gpu_index": ("FARM_GPU_INDEX", int, 0),
@@ -172,8 +345,63 @@ ENV: dict[str, tuple[str, type, float]] = {
     "render_vram_floor_mib": ("FARM_RENDER_VRAM_FLOOR_MIB", int, 0),
     "lease_ttl_s": ("FARM_LEASE_TTL_S", float, 0.1),
     "agent_timeout_s": ("FARM_AGENT_TIMEOUT_S", float, 0.1),
+    "metrics_port": ("FARM_METRICS_PORT", int, 0),
+    "metrics_host": ("FARM_METRICS_HOST", str, 0),
+    "usage_prices": ("FARM_USAGE_PRICES", str, 0),
+    "usage_currency": ("FARM_USAGE_CURRENCY", str, 0),
+    "grid_carbon_g_per_kwh": ("FARM_GRID_CARBON_G_PER_KWH", float, 0.0),
+    "device_watts": ("FARM_DEVICE_WATTS", str, 0),
+    "stream_host": ("FARM_STREAM_HOST", str, 0),
+    "stream_port": ("FARM_STREAM_PORT", int, 0),
+    "stream_url": ("FARM_STREAM_URL", str, 0),
+    "stream_apps": ("FARM_STREAM_APPS", Path, 0),
+    "stream_grace_s": ("FARM_STREAM_GRACE_S", float, 0.0),
+    "stream_min_kbps": ("FARM_STREAM_MIN_KBPS", int, 50),
+    "stream_max_kbps": ("FARM_STREAM_MAX_KBPS", int, 50),
+    "stream_vram_mib": ("FARM_STREAM_VRAM_MIB", int, 0),
+    "nvenc": ("FARM_NVENC", str, 0),
+    "stun_urls": ("FARM_STUN_URLS", str, 0),
+    "turn_urls": ("FARM_TURN_URLS", str, 0),
+    "turn_secret": ("FARM_TURN_SECRET", str, 0),
+    "turn_ttl_s": ("FARM_TURN_TTL_S", float, 60.0),
+    "stop_grace_s": ("FARM_STOP_GRACE_S", float, 0),
+    "web_host": ("FARM_WEB_HOST", str, 0),
+    "web_port": ("FARM_WEB_PORT", int, 0),
+    "tls_cert": ("FARM_TLS_CERT", Path, 0),
+    "tls_key": ("FARM_TLS_KEY", Path, 0),
+    "upload_max_bytes": ("FARM_UPLOAD_MAX_BYTES", int, 1),
+    "unpack_max_bytes": ("FARM_UNPACK_MAX_BYTES", int, 1),
+    "session_ttl_s": ("FARM_SESSION_TTL_S", float, 1.0),
+    "upload_session_ttl_s": ("FARM_UPLOAD_SESSION_TTL_S", float, 1.0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: the storage settings that take one of a few words
+STORAGE_CHOICES: dict[str, tuple[str, ...]] = {
+    "s3_addressing_style": ("auto", "path", "virtual"),
+    "s3_sse": ("", "AES256", "aws:kms"),
+    "s3_checksum": ("when_supported", "when_required"),
+    "tile_retention": ("delete", "keep"),
+}
+#: SigV4 presigned URLs live at most 7 days
+PRESIGN_MAX_S = 7 * 86400
+#: FARM_NVENC policies: where the stream service encodes with h264_nvenc
+NVENC_MODES = ("auto", "require", "fake", "off")
 #: Cycles compute backends in the order a worker prefers them
 GPU_BACKENDS = ("OPTIX", "CUDA", "HIP", "ONEAPI", "METAL")
+
+
+def json_object(text: str, name: str, expected: str) -> dict[str, Any]:
+    """A setting holding a JSON object (``name``: its FARM_* variable); blank is ``{}``.
+
+    ``expected`` ends the error for another JSON value: "must be a JSON object <expected>".
+    """
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadParameter(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadParameter(f"{name} must be a JSON object {expected}")
+    return data

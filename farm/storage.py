@@ -288,7 +288,9 @@ class LocalStorage(Storage):
 
     def list(self, prefix: str) -> list[StoredObject]:
         base = self.path(prefix.rstrip("/")) if prefix.strip("/") else self.root
-        folder = base if base.is_dir() else base.parent
+        # a prefix names a folder, or a partial name inside one ("frames/frame_00"); the
+        # root itself never widens to its parent (a job's output folder before its first frame)
+        folder = base if base.is_dir() or base == self.root else base.parent
         if not folder.is_dir():
             return []
         out = []

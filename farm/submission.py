@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from farm import keys
+from farm.delivery import output_address
 from farm.errors import (
     BadParameter,
     FarmError,
@@ -26,6 +27,9 @@ from farm.models import (
     DEFAULT_FORMATS,
     MAX_RESOLUTION,
     MAX_SAMPLES,
+    SAMPLE_SPLIT,
+    SPLIT_MODES,
+    TILES,
     BlendSource,
     InspectionReport,
     JobSpec,
@@ -33,18 +37,21 @@ from farm.models import (
 )
 from farm.queue import RenderQueue
 from farm.redisclient import Redis, guard
-from farm.settings import DEVICE_KINDS
+from farm.settings import DEVICE_KINDS, GPU_BACKENDS
 from farm.tiling import TileGrid, plan_tiles
 
 #: overlap used when the scene samples adaptively (pixels near a tile edge converge differently)
 ADAPTIVE_OVERLAP_PX = 16
+#: the most workers one still is sample-split between
+MAX_SPLIT_PARTS = 64
 
 
 @dataclass(frozen=True)
 class RenderRequest:
     """What the user asked for; ``None`` means "as saved in the file"."""
 
-    output: Path
+    #: a folder, or a store URL (``s3://bucket/prefix``)
+    output: Path | str
     frames: str | None = None
     tiles: str = "2x2"
     samples: int | None = None
@@ -57,6 +64,18 @@ class RenderRequest:
     tile_timeout_s: float = 1800.0
     name: str | None = None
     project: str = "default"
+    #: denoise each frame once after stitching or merging (OIDN; tiles are never denoised alone)
+    denoise: bool = False
+    #: "tiles" or "sample_split" (see JobSpec.mode); split_parts workers for a sample split
+    mode: str = TILES
+    split_parts: int = 2
+    #: the exr output holds every view-layer pass and Cryptomatte (multilayer)
+    passes: bool = False
+    #: Cycles GPU backend (OPTIX, CUDA, HIP, ONEAPI, METAL); None lets the worker pick
+    backend: str | None = None
+    allow_cpu_fallback: bool = False
+    #: an MP4 of an animation's frames is delivered next to them
+    preview: bool = True
 
 
 def parse_resolution(text: str) -> tuple[int, int]:
@@ -89,6 +108,30 @@ def check_request(req: RenderRequest) -> None:
         raise BadParameter(f"tile overlap must be 0 to 1024 pixels, not {req.overlap_px}")
     if req.max_attempts < 1:
         raise BadParameter("max attempts must be at least 1")
+    _check_modes(req)
+
+
+def _check_modes(req: RenderRequest) -> None:
+    if req.mode not in SPLIT_MODES:
+        raise BadParameter(f"mode {req.mode!r} is not one of {', '.join(SPLIT_MODES)}")
+    if req.mode == SAMPLE_SPLIT:
+        if not 1 <= req.split_parts <= MAX_SPLIT_PARTS:
+            raise BadParameter(
+                f"a sample split needs 1 to {MAX_SPLIT_PARTS} parts, not {req.split_parts}"
+            )
+        if req.frames is not None and len(parse_frames(req.frames)) != 1:
+            raise BadParameter("sample split is for stills: give one frame (--frames N)")
+        if req.samples is not None and req.samples < req.split_parts:
+            raise BadParameter(f"cannot split {req.samples} sample(s) into {req.split_parts} parts")
+    if req.passes and "exr" not in parse_formats(req.formats):
+        raise BadParameter("--passes writes a multilayer EXR: add exr to the formats")
+    if req.backend is not None:
+        if req.backend.upper() not in GPU_BACKENDS:
+            raise BadParameter(
+                f"GPU backend {req.backend!r} is not one of {', '.join(GPU_BACKENDS)}"
+            )
+        if req.device != "gpu":
+            raise BadParameter(f"a GPU backend ({req.backend}) needs device gpu, not {req.device}")
 
 
 def plan_job(
@@ -104,12 +147,12 @@ def plan_job(
         )
         raise NoCamera(f"scene {report.scene!r} has no active camera: {hint}", scene=report.scene)
     if report.missing_files and not req.allow_missing:
-        shown = ", ".join(report.missing_files[:5])
-        more = f" and {len(report.missing_files) - 5} more" if len(report.missing_files) > 5 else ""
+        missing = report.missing_as_written()
+        shown = ", ".join(missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise MissingFiles(
-            f"{len(report.missing_files)} external file(s) the scene needs are missing: "
-            f"{shown}{more}",
-            paths=report.missing_files,
+            f"{len(missing)} external file(s) the scene needs are missing: {shown}{more}",
+            paths=missing,
         )
     frames = parse_frames(
         req.frames or f"{report.frame_start}-{report.frame_end}x{max(1, report.frame_step)}"
@@ -122,12 +165,30 @@ def plan_job(
     if overlap is None:
         overlap = ADAPTIVE_OVERLAP_PX if report.adaptive_sampling and grid.count > 1 else 0
     plan_tiles(width, height, grid, overlap)
+    samples = req.samples
+    if req.mode == SAMPLE_SPLIT:
+        if len(frames) != 1:
+            raise BadParameter(
+                f"sample split is for stills; the scene has {len(frames)} frames: give --frames N"
+            )
+        # every part must know the total it is a share of
+        samples = samples or report.samples
+        if samples < req.split_parts:
+            raise BadParameter(f"cannot split {samples} sample(s) into {req.split_parts} parts")
+        grid, overlap = TileGrid.of(1, 1), 0
 
     warnings = []
     if report.engine != "CYCLES":
         warnings.append(f"the scene is set to {report.engine}; the farm renders it with Cycles")
-    if report.denoising:
-        warnings.append("denoising is off for tiled renders (per-tile denoising shows seams)")
+    if report.denoising and not req.denoise:
+        warnings.append(
+            "the file asks for denoising, the job does not: ask for denoising (farm --denoise, "
+            "or \"denoise\": true in the API) to denoise each frame once after stitching"
+        )
+    if req.mode == SAMPLE_SPLIT and report.adaptive_sampling:
+        warnings.append(
+            "adaptive sampling is off in a sample split (each part renders all its samples)"
+        )
     if report.wants_scripts:
         what = "; ".join(report.scripts) or report.autoexec_fail_message
         warnings.append(f"the file wanted to run Python and was not allowed to: {what}")
@@ -140,9 +201,9 @@ def plan_job(
         tiles=str(grid),
         width=width,
         height=height,
-        output=str(req.output.resolve()),
+        output=output_address(req.output),
         name=req.name or Path(source.name).stem,
-        samples=req.samples,
+        samples=samples,
         overlap_px=overlap,
         formats=parse_formats(req.formats),
         device=req.device,
@@ -150,6 +211,14 @@ def plan_job(
         tile_timeout_s=req.tile_timeout_s,
         vram_mib=report.vram_estimate_mib,
         project=req.project,
+        denoise=req.denoise,
+        mode=req.mode,
+        split_parts=req.split_parts if req.mode == SAMPLE_SPLIT else 1,
+        passes=req.passes,
+        backend=req.backend.upper() if req.backend else None,
+        allow_cpu_fallback=req.allow_cpu_fallback,
+        fps=report.fps,
+        preview=req.preview,
     )
     return spec, warnings
 

@@ -15,7 +15,6 @@ Everything here returns plain dicts: ``farm usage`` prints them and the web serv
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import time
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from typing import Any
 from farm import keys
 from farm.errors import BadParameter
 from farm.redisclient import Redis, guard
-from farm.settings import Settings
+from farm.settings import Settings, json_object
 
 #: rated board power (W) per device class: the energy estimate where NVML has no counter
 DEFAULT_WATTS: dict[str, float] = {
@@ -126,14 +125,7 @@ class Rates:
 
 
 def _table(text: str, name: str) -> dict[str, float]:
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadParameter(f"{name} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadParameter(f'{name} must be a JSON object of class -> number, e.g. {{"t4": 0.35}}')
+    data = json_object(text, name, 'of class -> number, e.g. {"t4": 0.35}')
     out: dict[str, float] = {}
     for key, value in data.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:

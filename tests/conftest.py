@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,3 +48,15 @@ def s3_endpoint() -> Iterator[str]:
         for name, value in CREDENTIALS.items():
             mp.setenv(name, value)
         yield server.endpoint
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str) -> str:
+    """A new, empty bucket on the session's moto server."""
+    import boto3
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket=name)
+    client.close()
+    return name

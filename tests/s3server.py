@@ -5,7 +5,8 @@ from __future__ import annotations
 import select
 import subprocess
 import sys
-from types import TracebackType
+
+from farm import lifetime
 
 #: the child prints its port once listening, then serves until its stdin closes
 _SERVE = """
@@ -29,7 +30,7 @@ CREDENTIALS = {
 }
 
 
-class MotoServer:
+class MotoServer(lifetime.ChildHandle):
     """``with MotoServer() as s3: s3.endpoint`` is ``http://127.0.0.1:PORT``."""
 
     def __init__(self) -> None:
@@ -65,11 +66,3 @@ class MotoServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-
-    def __enter__(self) -> MotoServer:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

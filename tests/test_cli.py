@@ -103,6 +103,7 @@ def test_render_writes_frames_and_reports_json(tmp_path: Path, scene: Path) -> N
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "frame_0001.exr",
         "frame_0001.png",
+        "manifest.json",
     ]
 
 

@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +28,6 @@ from workers import exr
 @pytest.fixture(scope="module")
 def anim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_scene(tmp_path_factory.mktemp("s3scene") / "anim.blend", frame_end=2)
-
-
-@pytest.fixture
-def bucket(s3_endpoint: str) -> Iterator[str]:
-    name = f"e-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket=name)
-    yield name
-    client.close()
 
 
 def fetch(url: str) -> bytes:

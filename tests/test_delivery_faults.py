@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,15 +24,6 @@ MIB = 1 << 20
 def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
     with FaultProxy(s3_endpoint) as p:
         yield p
-
-
-@pytest.fixture
-def bucket(s3_endpoint: str) -> Iterator[str]:
-    name = f"f-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket=name)
-    yield name
-    client.close()
 
 
 def storage(proxy: FaultProxy, bucket: str, **changes: object) -> Storage:

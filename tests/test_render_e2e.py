@@ -63,7 +63,11 @@ def test_two_workers_2x2_tiles_match_full_frames_bit_for_bit(
     assert outcome.job.state == "done"
     assert (outcome.job.tiles_done, outcome.job.frames_done) == (12, 3)
     names = sorted(p.name for p in out.iterdir())
-    assert names == [f"frame_000{f}.{ext}" for f in (1, 2, 3) for ext in ("exr", "jpg", "png")]
+    assert names == [
+        *(f"frame_000{f}.{ext}" for f in (1, 2, 3) for ext in ("exr", "jpg", "png")),
+        "manifest.json",
+        "preview.mp4",  # an animation's video preview (workers.preview)
+    ]
     frames = []
     for f in (1, 2, 3):
         stitched = exr.read_rgba(out / f"frame_000{f}.exr")

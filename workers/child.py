@@ -19,9 +19,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from farm import lifetime
 from farm.errors import (
     BlenderCrashed,
     RenderError,
@@ -39,7 +39,7 @@ LOG_TAIL_LINES = 20
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-class BlenderChild:
+class BlenderChild(lifetime.ChildHandle):
     """One Blender child process; requests start it lazily, so a crash costs one request.
 
     Not thread-safe: one request at a time. The child arms PR_SET_PDEATHSIG, which Linux fires
@@ -202,18 +202,6 @@ class BlenderChild:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._cmd_fd = self._reply_fd = None
-
-    def __enter__(self) -> BlenderChild:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # --- operations ----------------------------------------------------------------------------
 

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farm import keys
+from farm import delivery, keys, metrics
 from farm.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
 from farm.jobstore import JobStore
-from farm.models import OUTPUT_FORMATS, BlendSource, JobSpec, TileTask
+from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue
 from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.slots import Lease, Request, SlotAllocator
 from farm.states import JobState
-from farm.storage import LocalStorage, frame_file_name, frame_tiles_key, place_file, tile_key
-from farm.tiling import TileGrid, TilePlan, plan_tiles
-from workers import exr
+from farm.storage import Storage, cached_upload, frame_tiles_key, tile_key
+from workers import stillmodes
 from workers.child import BlenderChild
-from workers.stitching import stitch
+from workers.shutdown import Shutdown
 
 log = logging.getLogger("tessera.worker")
 
@@ -42,11 +43,13 @@ class WorkerContext:
     conn: Redis
     store: JobStore
     queue: RenderQueue
-    storage: LocalStorage
+    storage: Storage
     child: BlenderChild
     allocator: SlotAllocator
     #: the device this worker is bound to (its render leases are taken there)
     device: Device
+    #: SIGTERM state: a render in progress may be abandoned (see workers.shutdown)
+    shutdown: Shutdown | None = None
     specs: dict[str, JobSpec] = field(default_factory=dict)
 
     @property
@@ -64,7 +67,7 @@ class WorkerContext:
         if source.kind == "path":
             path = Path(source.location)
         else:
-            path = self.storage.path(source.location)
+            path = cached_upload(self.storage, source, self.settings.work_dir / "blends")
         if not path.is_file():
             raise RenderError(f"{source.name} is not readable on worker {self.name}: {path}")
         return path
@@ -133,7 +136,8 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         return
     spec = ctx.spec(job_id)
     try:
-        lease = ctx.allocator.acquire(ctx.name, _render_request(ctx, spec), wait_s=LEASE_WAIT_S)
+        request = _render_request(ctx, spec, job_id)
+        lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S)
     except NoCapacity as exc:
         _tile_failed(ctx, spec, task, exc.message, counts=False)
         return
@@ -146,7 +150,7 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         ctx.allocator.release(lease)
 
 
-def _render_request(ctx: WorkerContext, spec: JobSpec) -> Request:
+def _render_request(ctx: WorkerContext, spec: JobSpec, job_id: str = "") -> Request:
     # device memory (on the CPU device: host memory) the render reserves: the scene's estimate
     # from inspection, never below the configured floor, never above the device
     wanted = max(spec.vram_mib, ctx.settings.render_vram_floor_mib)
@@ -155,34 +159,40 @@ def _render_request(ctx: WorkerContext, spec: JobSpec) -> Request:
         vram_mib=min(wanted, ctx.device.vram_mib),
         render_slots=1,
         device_ids=(ctx.device.id,),
+        project=spec.project,
+        job=job_id,
     )
 
 
 def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lease) -> None:
-    grid = TileGrid.parse(spec.tiles)
-    plan = plan_tiles(spec.width, spec.height, grid, spec.overlap_px)[task.index]
     scratch = ctx.scratch / f"{task.job_id}-{task.frame}-{task.index}-{task.attempt}.exr"
     t0 = time.monotonic()
     renewal = _Renewal(ctx, task, lease)
+    stopping = ctx.shutdown.rendering() if ctx.shutdown else contextlib.nullcontext()
     try:
-        with renewal:
+        with renewal, stopping:
             result = ctx.child.render(
                 ctx.blend_path(spec.source),
                 frame=task.frame,
                 width=spec.width,
                 height=spec.height,
-                rect=None if _whole(plan, spec) else plan.render,
+                rect=stillmodes.task_rect(spec, task.index),
                 samples=spec.samples,
                 out_path=scratch,
                 timeout_s=spec.tile_timeout_s,
+                options=stillmodes.task_options(spec, task.index),
             )
-        ctx.storage.put(tile_key(task.job_id, task.frame, task.index, task.attempt), scratch,
-                        move=True)  # fmt: skip
+        ctx.storage.move_in(tile_key(task.job_id, task.frame, task.index, task.attempt),
+                            scratch)  # fmt: skip
     except FarmError as exc:
         scratch.unlink(missing_ok=True)
         if renewal.lost is not None:
             # preempted or paused past the lease: not the tile's fault
             _tile_failed(ctx, spec, task, f"lease lost: {renewal.lost}", counts=False)
+        elif ctx.shutdown is not None and ctx.shutdown.abandoned.is_set():
+            # the machine is going away (spot reclaim, scale-down): not the tile's fault either
+            _tile_failed(ctx, spec, task, "worker stopped before the tile finished; requeued",
+                         counts=False)  # fmt: skip
         else:
             _tile_failed(ctx, spec, task, exc.message)
         return
@@ -192,26 +202,30 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
         raise
     if result.get("autoexec_fail"):
         ctx.conn.hset(keys.job(task.job_id), "scripts_blocked", 1)
-    outcome = ctx.store.finish_tile(task, grid.count, lease.id, lease.token)
+    if result.get("fallback"):
+        ctx.store.warn(task.job_id, f"tile {task.index} of frame {task.frame} rendered on the "
+                       f"CPU: {result['fallback']}")  # fmt: skip
+    outcome = ctx.store.finish_tile(task, spec.tasks_per_frame, lease.id, lease.token)
     if outcome == "fenced":
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
+    elif outcome in ("ok", "frame_ready"):
+        metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
+        metrics.TILE_SECONDS.labels(ctx.device.device_class).observe(time.monotonic() - t0)
     log.info("event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f "
-             "commit=%s device=%s token=%d", task.job_id, task.frame, task.index, task.attempt,
-             result.get("render_s", 0.0), time.monotonic() - t0, outcome, lease.device,
-             lease.token)  # fmt: skip
+             "commit=%s device=%s backend=%s token=%d", task.job_id, task.frame, task.index,
+             task.attempt, result.get("render_s", 0.0), time.monotonic() - t0, outcome,
+             lease.device, result.get("device"), lease.token)  # fmt: skip
     if outcome == "frame_ready":
         ctx.queue.enqueue_assembly(task.job_id, task.frame, spec.tile_timeout_s)
-
-
-def _whole(plan: TilePlan, spec: JobSpec) -> bool:
-    r = plan.render
-    return (r.x0, r.y0, r.x1, r.y1) == (0, 0, spec.width, spec.height)
 
 
 def _tile_failed(
     ctx: WorkerContext, spec: JobSpec, task: TileTask, reason: str, counts: bool = True
 ) -> None:
     outcome, next_attempt = ctx.store.fail_tile(task, reason, spec.max_attempts, counts)
+    metrics.TILES_FAILED.labels(ctx.device.device_class, str(counts).lower()).inc()
+    if outcome == "failed":
+        metrics.observe_job_end(ctx.store, task.job_id)
     log.warning("event=tile_failed job=%s frame=%d tile=%d attempt=%d counts=%s outcome=%s "
                 "reason=%r", task.job_id, task.frame, task.index, task.attempt, counts, outcome,
                 reason)  # fmt: skip
@@ -265,7 +279,7 @@ class _Renewal:
             if self.lost is not None:
                 log.warning("event=lease_lost job=%s frame=%d tile=%d why=%r", self.task.job_id,
                             self.task.frame, self.task.index, self.lost)  # fmt: skip
-                self.ctx.child.kill()
+                self.ctx.child.interrupt()
                 return
 
 
@@ -284,39 +298,34 @@ def assemble_frame(job_id: str, frame: int) -> None:
         ctx.store.end_job(
             job_id, JobState.FAILED, f"frame {frame} could not be assembled: {exc.message}"
         )
+        metrics.observe_job_end(ctx.store, job_id)
         return
     outcome = ctx.store.finish_frame(job_id, frame)
     if outcome == "ok":
-        ctx.storage.remove_tree(frame_tiles_key(job_id, frame))
+        metrics.observe_job_end(ctx.store, job_id)
+    if outcome == "ok" and ctx.settings.tile_retention == "delete":
+        ctx.storage.delete_prefix(frame_tiles_key(job_id, frame))
     log.info("event=frame_done job=%s frame=%d commit=%s", job_id, frame, outcome)
 
 
 def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> None:
-    plans = plan_tiles(spec.width, spec.height, TileGrid.parse(spec.tiles), spec.overlap_px)
-    attempts = ctx.store.committed_attempts(job_id, frame, len(plans))
-    tiles = [
-        (p, exr.read_rgba(ctx.storage.path(tile_key(job_id, frame, p.index, a))))
-        for p, a in zip(plans, attempts, strict=True)
-    ]
-    image = stitch(spec.width, spec.height, tiles)
-    out_dir = Path(spec.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stitched = ctx.scratch / f"{job_id}-{frame}-stitched.exr"
-    exr.write_rgba(stitched, image)
+    attempts = ctx.store.committed_attempts(job_id, frame, spec.tasks_per_frame)
+    # tiles are read from the storage into, and the frame's files written to, a scratch folder;
+    # the files then go to the job's output (folder or S3) through farm.delivery
+    work = ctx.scratch / f"{job_id}-{frame}-assembly"
+    work.mkdir(parents=True, exist_ok=True)
     try:
-        conversions = []
-        for name in spec.formats:
-            file_format, depth, ext = OUTPUT_FORMATS[name]
-            dest = out_dir / frame_file_name(frame, ext)
-            if name == "exr":
-                place_file(stitched, dest)
-            else:
-                conversions.append(
-                    {"path": str(dest), "format": file_format, "color_depth": depth, "quality": 90}
-                )
-        if conversions:
-            ctx.child.convert(
-                ctx.blend_path(spec.source), stitched, conversions, ctx.settings.inspect_timeout_s
-            )
+        outputs = [
+            ctx.storage.fetch(tile_key(job_id, frame, i, a), work / f"tile-{i}.exr")
+            for i, a in enumerate(attempts)
+        ]
+        # stitch (or merge a sample split), denoise once, write the formats (workers.stillmodes)
+        files, still = stillmodes.frame_files(spec, frame, outputs, ctx.child,
+                                              ctx.blend_path(spec.source), work,
+                                              ctx.settings.inspect_timeout_s)  # fmt: skip
+        video = stillmodes.animation_preview(ctx.storage, spec, job_id, frame, still, work)
+        if video is not None:
+            files.append(video)
+        delivery.deliver_frame(ctx.conn, ctx.settings, spec, job_id, frame, files)
     finally:
-        stitched.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)

@@ -7,16 +7,17 @@ import os
 import threading
 from collections.abc import Callable
 
-from farm import jobstore, queue
+from farm import jobstore, metrics, queue
 from farm.agent import DeviceAgent
 from farm.devices import Device
 from farm.errors import DeviceUnavailable
 from farm.nvml import open_nvml
 from farm.settings import Settings
 from farm.slots import SlotAllocator
-from farm.storage import LocalStorage
+from farm.storage import farm_storage
 from workers import tasks
 from workers.child import BlenderChild
+from workers.shutdown import Shutdown
 
 log = logging.getLogger("tessera.worker")
 
@@ -58,12 +59,19 @@ def serve(
             conn, tile_lease_s=settings.lease_ttl_s
         ),
         queue=queue.RenderQueue(rq_conn, settings.device),
-        storage=LocalStorage(settings.storage_dir),
+        storage=farm_storage(settings),
         child=child,
         allocator=allocator,
         device=agent.devices[0],
+        shutdown=Shutdown(child, settings.stop_grace_s),
     )
     tasks.install(ctx)
+    # Prometheus /metrics of this worker (tiles, durations, its GPU's NVML gauges)
+    exporter = (
+        metrics.start_metrics_server(settings.metrics_port, settings.metrics_host)
+        if settings.metrics_port
+        else None
+    )
     agent.start()
     sweeper = _Sweeper(ctx.sweep, every_s=settings.lease_ttl_s)
     sweeper.start()
@@ -76,10 +84,15 @@ def serve(
             name,
             burst=burst,
             log_level=settings.log_level,
+            on_signal=ctx.shutdown.on_signal if ctx.shutdown else None,
         )
     finally:
+        if ctx.shutdown is not None:
+            ctx.shutdown.close()
         sweeper.stop()
         agent.stop()
+        if exporter is not None:
+            exporter.stop()
         # The child holds nothing to save (every output is written atomically): skip
         # Blender's teardown.
         child.kill()

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 
 from farm import lifetime
 
@@ -28,7 +27,7 @@ def plain_command(source: str = "live") -> list[str]:
     return [sys.executable, "-m", "tests.encoder.plainservice", "--source", source]
 
 
-class ServiceProcess:
+class ServiceProcess(lifetime.ChildHandle):
     """Runs `command`, waits for its {"url": ...} line; stops it (SIGTERM, then SIGKILL)."""
 
     def __init__(
@@ -89,17 +88,6 @@ class ServiceProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.proc = None
-
-    def __enter__(self) -> ServiceProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _cpu_s(pid: int) -> float:

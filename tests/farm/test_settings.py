@@ -136,6 +136,20 @@ def test_to_env_rebuilds_every_setting() -> None:
         gpu_render_slots=4, encoder_sessions_per_engine=6, host_encoder_budget=8,
         device_overrides='{"t4": {"render_slots": 1}}', render_vram_floor_mib=512,
         lease_ttl_s=2.5, agent_timeout_s=4.5,
+        storage_url="s3://b/p", s3_endpoint_url="http://m:9000", s3_region="eu-west-1",
+        s3_addressing_style="path", s3_storage_class="GLACIER_IR", s3_sse="aws:kms",
+        s3_kms_key_id="k", s3_checksum="when_required", s3_multipart_threshold_mib=64,
+        s3_multipart_chunk_mib=16, s3_max_concurrency=8, s3_max_attempts=9, s3_timeout_s=5.0,
+        presign_expiry_s=60, tile_retention="keep",
+        web_host="0.0.0.0", web_port=9443, tls_cert=Path("/c.pem"), tls_key=Path("/k.pem"),
+        upload_max_bytes=5, unpack_max_bytes=6, session_ttl_s=7.0, upload_session_ttl_s=8.0,
+        stop_grace_s=3.0,
+        stream_host="0.0.0.0", stream_port=9090, stream_url="http://s:9090",
+        stream_apps=Path("/apps.json"), stream_grace_s=5.0, stream_min_kbps=800,
+        stream_max_kbps=9000, stream_vram_mib=256, nvenc="fake", stun_urls="stun:s:3478",
+        turn_urls="turn:t:3478", turn_secret="x", turn_ttl_s=60.0,
+        metrics_port=9101, metrics_host="0.0.0.0", usage_prices='{"t4": 1}',
+        usage_currency="EUR", grid_carbon_g_per_kwh=250.0, device_watts='{"cpu": 90}',
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):

@@ -130,3 +130,5 @@ def test_uploads_tiles_listing_and_removal(tmp_path: Path) -> None:
     assert store.presign(source.location, 60) == (tmp_path / "s" / source.location).as_uri()
     with pytest.raises(StorageNotFound):
         store.get("jobs/j/tiles/1/0-a0.exr", tmp_path / "gone")
+    # a job's output folder before its first frame lists nothing (never its parent folder)
+    assert LocalStorage(tmp_path / "s" / "not-yet").list("") == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,15 +30,6 @@ def s3_settings(endpoint: str, **changes: object) -> Settings:
         s3_max_attempts=3,
     )
     return base.with_(**changes)
-
-
-@pytest.fixture
-def bucket(s3_endpoint: str) -> str:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    client.create_bucket(Bucket=name)
-    client.close()
-    return name
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 from farm.errors import RenderError
 from farm.tiling import TileGrid, plan_tiles
 from tests.blendscenes import make_scene
+from tests.workers import renders
 from workers import exr
 from workers.child import BlenderChild
 from workers.denoise import denoise_frame, prepare
@@ -32,33 +31,21 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(scope="module")
-def child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild]:
-    work = tmp_path_factory.mktemp("dn-child")
-    with BlenderChild(python=sys.executable, work_dir=work, name="dn") as c:
-        yield c
-
-
 DENOISE = {"layers": True, "denoise_data": True}
 
 
 def render_tiles(
     child: BlenderChild, blend: Path, tmp: Path, grid: str, overlap_px: int = 0
 ) -> LayeredImage:
-    plans = plan_tiles(WIDTH, HEIGHT, TileGrid.parse(grid), overlap_px)
-    tiles = []
-    for plan in plans:
-        out = tmp / f"{grid}-{plan.index}.exr"
-        child.render(blend, frame=1, width=WIDTH, height=HEIGHT, rect=plan.render, samples=None,
-                     out_path=out, timeout_s=60, options=DENOISE)  # fmt: skip
-        tiles.append((plan, exr.read_layers(out)))
-    return stitch_layers(WIDTH, HEIGHT, tiles)
+    tiles = renders.render_tiles(
+        child, blend, tmp, WIDTH, HEIGHT, TileGrid.parse(grid), prefix=f"{grid}-",
+        overlap_px=overlap_px, options=DENOISE,
+    )  # fmt: skip
+    return stitch_layers(WIDTH, HEIGHT, [(plan, exr.read_layers(out)) for plan, out in tiles])
 
 
 def render_full(child: BlenderChild, blend: Path, tmp: Path) -> LayeredImage:
-    out = tmp / "full.exr"
-    child.render(blend, frame=1, width=WIDTH, height=HEIGHT, rect=None, samples=None,
-                 out_path=out, timeout_s=60, options=DENOISE)  # fmt: skip
+    out = renders.render_frame(child, blend, tmp / "full.exr", WIDTH, HEIGHT, options=DENOISE)
     return exr.read_layers(out)
 
 
@@ -100,13 +87,11 @@ def test_denoising_each_tile_alone_shows_seams_the_stitched_denoise_does_not(
     child: BlenderChild, scene: Path, full: LayeredImage, tmp_path: Path
 ) -> None:
     """Why the farm denoises once: per-tile denoising differs from the full frame's result."""
-    plans = plan_tiles(WIDTH, HEIGHT, TileGrid.of(2, 2))
-    tiles = []
-    for plan in plans:
-        out = tmp_path / f"t{plan.index}.exr"
-        child.render(scene, frame=1, width=WIDTH, height=HEIGHT, rect=plan.render, samples=None,
-                     out_path=out, timeout_s=60, options=DENOISE)  # fmt: skip
-        tiles.append((plan, denoise_frame(child, scene, exr.read_layers(out), tmp_path, 60)))
+    tiles = [
+        (plan, denoise_frame(child, scene, exr.read_layers(out), tmp_path, 60))
+        for plan, out in renders.render_tiles(child, scene, tmp_path, WIDTH, HEIGHT,
+                                              TileGrid.of(2, 2), prefix="t", options=DENOISE)
+    ]  # fmt: skip
     per_tile = stitch_layers(WIDTH, HEIGHT, tiles).rgba("ViewLayer.Combined")
     assert np.abs(per_tile - full.rgba("ViewLayer.Combined")).max() > 100 * TOLERANCE
 

@@ -15,6 +15,7 @@ from farm import embedded, submission
 from farm.errors import BadParameter
 from farm.settings import Settings
 from tests.blendscenes import make_scene
+from tests.workers import renders
 from workers import exr
 from workers.child import BlenderChild
 from workers.denoise import denoise_frame
@@ -47,10 +48,9 @@ def reference(scene: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """The full frame in one render, denoised by the same call the farm makes."""
     tmp = tmp_path_factory.mktemp("farm-dn-ref")
     with BlenderChild(python=sys.executable, work_dir=tmp, name="ref") as child:
-        child.render(scene, frame=1, width=WIDTH, height=HEIGHT, rect=None, samples=None,
-                     out_path=tmp / "full.exr", timeout_s=60,
-                     options={"layers": True, "denoise_data": True})  # fmt: skip
-        yield denoise_frame(child, scene, exr.read_layers(tmp / "full.exr"), tmp, 60)
+        full = renders.render_frame(child, scene, tmp / "full.exr", WIDTH, HEIGHT,
+                                    options={"layers": True, "denoise_data": True})  # fmt: skip
+        yield denoise_frame(child, scene, exr.read_layers(full), tmp, 60)
 
 
 def farm(tmp: Path, blend: Path, workers: int, **options: object) -> Path:

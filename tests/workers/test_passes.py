@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 
 from farm.tiling import TileGrid, plan_tiles
 from tests.blendscenes import make_scene
+from tests.workers import renders
 from workers import exr
 from workers.child import BlenderChild
 from workers.exr import LayeredImage
@@ -20,35 +19,23 @@ from workers.stitching import stitch, stitch_layers
 WIDTH, HEIGHT = 64, 48
 
 
-@pytest.fixture(scope="module")
-def child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild]:
-    with BlenderChild(
-        python=sys.executable, work_dir=tmp_path_factory.mktemp("passes-child"), name="passes"
-    ) as c:
-        yield c
-
-
 def test_multilayer_tiles_hold_every_pass_of_the_full_frame_each_equal(
     child: BlenderChild, tmp_path: Path
 ) -> None:
     blend = make_scene(tmp_path / "passes.blend", width=WIDTH, height=HEIGHT, passes=True)
     layered = {"layers": True}
-    child.render(blend, frame=1, width=WIDTH, height=HEIGHT, rect=None, samples=None,
-                 out_path=tmp_path / "full.exr", timeout_s=60, options=layered)  # fmt: skip
-    full = exr.read_layers(tmp_path / "full.exr")
+    full = exr.read_layers(
+        renders.render_frame(child, blend, tmp_path / "full.exr", WIDTH, HEIGHT, options=layered)
+    )
     # what an artist enabled is there (Blender 5 writes a part per pass; all are read)
     for name in ("Combined", "Depth", "Normal", "Diffuse Color", "Diffuse Direct", "Emission",
                  "Ambient Occlusion", "Object Index", "Mist", "CryptoObject00",
                  "CryptoMaterial00"):  # fmt: skip
         assert f"ViewLayer.{name}" in full.passes(), f"{name} missing from {full.passes()}"
-    plans = plan_tiles(WIDTH, HEIGHT, TileGrid.of(2, 2))
-    tiles = []
-    for plan in plans:
-        out = tmp_path / f"t{plan.index}.exr"
-        child.render(blend, frame=1, width=WIDTH, height=HEIGHT, rect=plan.render, samples=None,
-                     out_path=out, timeout_s=60, options=layered)  # fmt: skip
-        tiles.append((plan, exr.read_layers(out)))
-    stitched = stitch_layers(WIDTH, HEIGHT, tiles)
+    tiles = renders.render_tiles(
+        child, blend, tmp_path, WIDTH, HEIGHT, TileGrid.of(2, 2), prefix="t", options=layered
+    )
+    stitched = stitch_layers(WIDTH, HEIGHT, [(plan, exr.read_layers(out)) for plan, out in tiles])
     exr.write_layers(tmp_path / "stitched.exr", stitched)
     back = exr.read_layers(tmp_path / "stitched.exr")
     assert set(back.channels) == set(full.channels)
@@ -74,22 +61,19 @@ def adaptive_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tiled(child: BlenderChild, blend: Path, tmp: Path, overlap_px: int) -> npt.NDArray[np.float32]:
-    plans = plan_tiles(WIDTH, HEIGHT, TileGrid.of(2, 2), overlap_px)
-    tiles = []
-    for plan in plans:
-        out = tmp / f"a{overlap_px}-{plan.index}.exr"
-        child.render(blend, frame=1, width=WIDTH, height=HEIGHT, rect=plan.render, samples=None,
-                     out_path=out, timeout_s=60)  # fmt: skip
-        tiles.append((plan, exr.read_rgba(out)))
-    return stitch(WIDTH, HEIGHT, tiles)
+    tiles = renders.render_tiles(
+        child, blend, tmp, WIDTH, HEIGHT, TileGrid.of(2, 2), prefix=f"a{overlap_px}-",
+        overlap_px=overlap_px,
+    )  # fmt: skip
+    return stitch(WIDTH, HEIGHT, [(plan, exr.read_rgba(out)) for plan, out in tiles])
 
 
 def test_adaptive_sampling_tiles_with_overlap_are_bit_exact_and_without_are_not(
     child: BlenderChild, adaptive_scene: Path, tmp_path: Path
 ) -> None:
-    child.render(adaptive_scene, frame=1, width=WIDTH, height=HEIGHT, rect=None, samples=None,
-                 out_path=tmp_path / "full.exr", timeout_s=60)  # fmt: skip
-    full = exr.read_rgba(tmp_path / "full.exr")
+    full = exr.read_rgba(
+        renders.render_frame(child, adaptive_scene, tmp_path / "full.exr", WIDTH, HEIGHT)
+    )
     assert np.array_equal(_tiled(child, adaptive_scene, tmp_path, 16), full)
     # the overlap is needed: without it, pixels near tile edges converge differently
     bare = _tiled(child, adaptive_scene, tmp_path, 0)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +9,7 @@ import pytest
 
 from farm.errors import BadParameter, RenderError
 from tests.blendscenes import make_scene
+from tests.workers import renders
 from workers import exr
 from workers.child import BlenderChild
 from workers.exr import LayeredImage
@@ -62,23 +61,15 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(scope="module")
-def child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild]:
-    with BlenderChild(
-        python=sys.executable, work_dir=tmp_path_factory.mktemp("ss-child"), name="ss"
-    ) as c:
-        yield c
-
-
 def render(
     child: BlenderChild, blend: Path, out: Path, subset: tuple[int, int] | None
 ) -> LayeredImage:
     options: dict[str, object] = {"layers": True, "denoise_data": True, "adaptive": False}
     if subset is not None:
         options["sample_subset"] = list(subset)
-    child.render(blend, frame=1, width=WIDTH, height=HEIGHT, rect=None, samples=SAMPLES,
-                 out_path=out, timeout_s=60, options=options)  # fmt: skip
-    return exr.read_layers(out)
+    return exr.read_layers(
+        renders.render_frame(child, blend, out, WIDTH, HEIGHT, samples=SAMPLES, options=options)
+    )
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
