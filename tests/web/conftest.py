@@ -1,0 +1,119 @@
+"""Web API fixtures: async tests without a plugin, the app on aiohttp's test server, accounts."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from farm import jobstore
+from farm.settings import Settings
+from web.accounts import Accounts
+from web.app import create_app
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run ``async def`` tests in a fresh event loop (no pytest-asyncio needed)."""
+    if not inspect.iscoroutinefunction(pyfuncitem.obj):
+        return None
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    asyncio.run(pyfuncitem.obj(**args))
+    return True
+
+
+@pytest.fixture
+def web_settings(redis_url: str, tmp_path: Path) -> Settings:
+    return Settings().with_(
+        redis_url=redis_url,
+        storage_dir=tmp_path / "storage",
+        work_dir=tmp_path / "work",
+        upload_max_bytes=8 << 20,
+        unpack_max_bytes=16 << 20,
+        inspect_timeout_s=60.0,
+    )
+
+
+@dataclass
+class Tokens:
+    """API tokens of test users: admin (farm admin), alice (member of A), bob (member of B),
+    vera (viewer of A)."""
+
+    admin: str
+    alice: str
+    bob: str
+    vera: str
+
+
+@pytest.fixture
+def tokens(redis_url: str) -> Tokens:
+    conn = jobstore.connect(redis_url)
+    try:
+        accounts = Accounts(conn)
+        admin = accounts.bootstrap_admin("root", "ops").token
+        accounts.set_role("alice", "A", "member")
+        accounts.set_role("bob", "B", "member")
+        accounts.set_role("vera", "A", "viewer")
+        return Tokens(
+            admin,
+            accounts.create_token("alice").token,
+            accounts.create_token("bob").token,
+            accounts.create_token("vera").token,
+        )
+    finally:
+        conn.close()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@asynccontextmanager
+async def api(settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
+    """The web app on a loopback port, and a client for it."""
+    async with TestClient(TestServer(create_app(settings))) as client:
+        yield client
+
+
+SHA = "ab" * 32
+
+
+def make_job(settings: Settings, project: str, out: Path | str, tiles: str = "1x1") -> str:
+    """A queued job of ``project`` made as the submit route makes one, without inspection (no
+    worker needed): the job's records, its tiles on the queue, the project's index."""
+    from farm import keys, queue, submission
+    from farm.models import BlendSource, JobSpec
+
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    rq_conn = queue.connect(settings.redis_url)
+    try:
+        spec = JobSpec(
+            source=BlendSource("upload", f"uploads/{SHA}/upload.blend", SHA, "b.blend"),
+            frames=(1, 2),
+            tiles=tiles,
+            width=8,
+            height=8,
+            output=str(out),
+            project=project,
+        )
+        job_id = submission.submit(
+            rq_conn, store, queue.RenderQueue(rq_conn, "cpu"), spec, [], False
+        )
+        store.conn.zadd(keys.project_jobs(project), {job_id: spec_created(store, job_id)})
+        return job_id
+    finally:
+        store.conn.close()
+        rq_conn.close()
+
+
+def spec_created(store: jobstore.JobStore, job_id: str) -> float:
+    from web.jobs import spec_created as created
+
+    return created(store, job_id)

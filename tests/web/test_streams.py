@@ -1,0 +1,67 @@
+"""Stream routes through the web: catalog, launch for a project, who sees it, end."""
+
+from __future__ import annotations
+
+from farm import jobstore
+from farm.settings import Settings
+from tests.web.conftest import Tokens, api, bearer
+from web.accounts import Accounts
+
+
+async def test_launch_list_and_end_a_stream_through_the_web(
+    web_settings: Settings, tokens: Tokens
+) -> None:
+    from encoder.service import StreamService
+
+    stream_settings = web_settings.with_(
+        device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
+    )
+    alice, bob, vera = bearer(tokens.alice), bearer(tokens.bob), bearer(tokens.vera)
+    async with api(web_settings) as client:
+        none = await client.get("/api/streams/apps", headers=alice)
+        assert none.status == 503
+        assert "farm stream" in (await none.json())["error"]["message"]
+        async with StreamService(stream_settings):
+            apps = await (await client.get("/api/streams/apps", headers=alice)).json()
+            assert "testpattern" in {a["name"] for a in apps["apps"]}
+            ice = await client.get("/api/streams/ice", headers=alice)
+            assert "iceServers" in await ice.json()
+            refused = await client.post(
+                "/api/streams/sessions",
+                json={"app": "testpattern", "project": "A"},
+                headers=vera,
+            )
+            assert refused.status == 403
+            made = await client.post(
+                "/api/streams/sessions",
+                json={"app": "testpattern", "project": "A", "width": 640, "height": 360},
+                headers=alice,
+            )
+            assert made.status == 201, await made.text()
+            session = await made.json()
+            sid = session["session_id"]
+            assert (session["project"], session["owner"]) == ("A", "alice")
+            listed = await (await client.get("/api/streams/sessions", headers=vera)).json()
+            assert [s["session_id"] for s in listed["sessions"]] == [sid]
+            assert (await (await client.get("/api/streams/sessions", headers=bob)).json()) == {
+                "sessions": []
+            }
+            assert (await client.get(f"/api/streams/sessions/{sid}", headers=bob)).status == 404
+            assert (await client.delete(f"/api/streams/sessions/{sid}", headers=vera)).status == 403
+            got = await (await client.get(f"/api/streams/sessions/{sid}", headers=vera)).json()
+            assert got["app"] == "testpattern"
+            ended = await client.delete(f"/api/streams/sessions/{sid}", headers=alice)
+            assert ended.status == 204
+            gone = await client.get(f"/api/streams/sessions/{sid}", headers=alice)
+            assert gone.status == 404
+            # project A's policy now keeps members off the CPU: no stream starts for alice
+            conn = jobstore.connect(web_settings.redis_url)
+            try:
+                Accounts(conn).set_policy("A", "member", ["gpu"])
+            finally:
+                conn.close()
+            denied = await client.post(
+                "/api/streams/sessions", json={"app": "testpattern", "project": "A"}, headers=alice
+            )
+            assert denied.status == 403
+            assert "'cpu'" in (await denied.json())["error"]["message"]

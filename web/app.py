@@ -1,0 +1,77 @@
+"""create_app(settings): the aiohttp application, its resources (cleanup_ctx) and middlewares."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+from aiohttp import web
+
+from farm import jobstore, queue
+from farm import metrics as farm_metrics
+from farm.settings import Settings
+from farm.storage import farm_storage
+from web.accounts import Accounts
+from web.appkeys import (
+    ACCOUNTS,
+    CONN,
+    EXECUTOR,
+    HTTP,
+    ROUTES,
+    RQ_CONN,
+    SETTINGS,
+    STORAGE,
+    STORE,
+    WAITERS,
+)
+from web.auth import auth_middleware
+from web.jsonio import error_middleware
+from web.routes import add_routes, table
+
+log = logging.getLogger("tessera.web")
+
+#: threads for short blocking calls (Redis round trips, file writes, hashing)
+EXECUTOR_THREADS = 16
+#: threads for calls that wait: one per open event stream or inspection in progress
+WAITER_THREADS = 256
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    conn = jobstore.connect(settings.redis_url)
+    rq_conn = queue.connect(settings.redis_url)
+    app[CONN] = conn
+    app[RQ_CONN] = rq_conn
+    app[STORE] = jobstore.JobStore(conn)
+    app[ACCOUNTS] = Accounts(conn)
+    app[STORAGE] = farm_storage(settings)
+    app[EXECUTOR] = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="web")
+    app[WAITERS] = ThreadPoolExecutor(WAITER_THREADS, thread_name_prefix="web-wait")
+    app[HTTP] = aiohttp.ClientSession()
+    # the web is the one scrape target for farm-wide state (queues, devices, leases, usage)
+    collector = farm_metrics.register_farm_collector(settings)
+    log.info("event=web_started redis=%s storage=%s", settings.redis_url, app[STORAGE].url)
+    try:
+        yield
+    finally:
+        farm_metrics.unregister_farm_collector()
+        collector.conn.close()
+        collector.rq_conn.close()
+        await app[HTTP].close()
+        app[WAITERS].shutdown(wait=True, cancel_futures=True)
+        app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
+        app[STORAGE].close()
+        rq_conn.close()
+        conn.close()
+
+
+def create_app(settings: Settings) -> web.Application:
+    """The web UI and API for the farm that ``settings`` describe (Redis, storage, limits)."""
+    # uploads stream their bodies themselves; other bodies are read with their own limits
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=1 << 20)
+    app[SETTINGS] = settings
+    app[ROUTES] = add_routes(app, table())
+    app.cleanup_ctx.append(_resources)
+    return app

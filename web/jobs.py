@@ -1,0 +1,316 @@
+"""Job routes: submit over RenderRequest's fields, list, detail with tile grids, cancel, retry."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import typing
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from farm import keys, submission
+from farm.errors import BadParameter, Conflict, NotFound
+from farm.jobstore import JobStore
+from farm.models import Event, JobSpec, JobStatus
+from farm.queue import RenderQueue
+from farm.redisclient import guard
+from farm.states import JOB_FINAL, JobState
+from web import intake, jsonio
+from web.appkeys import CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
+from web.auth import check_device, role_in
+from web.uploads import inspection
+
+log = logging.getLogger("tessera.web.jobs")
+
+#: RenderRequest fields the server decides, never the client
+SERVER_FIELDS = ("output",)
+#: fields of the job API that are not RenderRequest's (web names for the same thing included)
+API_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "project": str,
+    "upload_id": str,
+    "priority": int,
+    "accept_missing": bool,
+}
+#: lists a client may send where RenderRequest takes text
+LIST_FIELDS = {"frames": ",", "formats": ","}
+MAX_PRIORITY = 1000
+
+
+def request_fields() -> dict[str, type | tuple[type, ...]]:
+    """The JSON type of each RenderRequest field a client may set, read off the dataclass, so
+    a field another module adds (denoise, mode ...) is accepted without touching this one."""
+    hints = typing.get_type_hints(submission.RenderRequest)
+    out: dict[str, type | tuple[type, ...]] = {}
+    for f in dataclasses.fields(submission.RenderRequest):
+        if f.name in SERVER_FIELDS:
+            continue
+        types = tuple(t for t in typing.get_args(hints[f.name]) or (hints[f.name],))
+        json_types = tuple(t for t in types if t in (str, int, float, bool, list, dict))
+        if f.name in LIST_FIELDS:
+            json_types = (*json_types, list)
+        if f.name == "frames":
+            json_types = (*json_types, int)
+        out[f.name] = json_types or (str, int, float, bool, list, dict)
+    return out
+
+
+def body_fields() -> dict[str, type | tuple[type, ...]]:
+    return {**request_fields(), **API_FIELDS}
+
+
+def build_request(body: dict[str, Any], output: str) -> submission.RenderRequest:
+    """A RenderRequest from the checked body (API-only fields already taken out)."""
+    values = dict(body)
+    for name, sep in LIST_FIELDS.items():
+        if isinstance(values.get(name), list):
+            items = values[name]
+            if not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in items):
+                raise BadParameter(f"field {name!r} must list strings or integers", field=name)
+            values[name] = sep.join(str(i) for i in items)
+    if isinstance(values.get("frames"), int):
+        values["frames"] = str(values["frames"])
+    return submission.RenderRequest(output=Path(output), **values)
+
+
+def job_json(status: JobStatus) -> dict[str, Any]:
+    data = status.to_dict()
+    spec = data["spec"]
+    spec.pop("output", None)
+    spec["source"].pop("location", None)
+    data.update(
+        {
+            "job_id": status.id,
+            "project": status.spec.project,
+            "name": status.spec.name,
+            "priority": status.spec.priority,
+            "upload_id": status.spec.source.sha256,
+        }
+    )
+    return data
+
+
+async def job_for(request: web.Request, at_least: str = "viewer") -> JobStatus:
+    """The job in the URL, if it belongs to one of the user's projects (404 otherwise)."""
+    job_id = request.match_info["job_id"]
+    try:
+        status = await blocking(request.app, request.app[STORE].status, job_id)
+    except NotFound:
+        status = None
+    if status is None or user_of(request).role(status.spec.project) is None:
+        raise NotFound(f"no job {job_id!r} in your projects", job_id=job_id)
+    role_in(request, status.spec.project, at_least)
+    return status
+
+
+# --- submit -------------------------------------------------------------------------------
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    body = await jsonio.read_object(request, body_fields(), required=("project", "upload_id"))
+    project = body.pop("project")
+    upload_id = body.pop("upload_id")
+    priority = body.pop("priority", 0)
+    if "accept_missing" in body:
+        body["allow_missing"] = body.pop("accept_missing") or body.get("allow_missing", False)
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise BadParameter(f"priority must be {-MAX_PRIORITY} to {MAX_PRIORITY}")
+    role = role_in(request, project, "member")
+    app = request.app
+    settings = app[SETTINGS]
+    output = str(settings.storage_dir / "outputs" / project / uuid.uuid4().hex)
+    try:
+        req = build_request({**body, "project": project}, output)
+    except TypeError as exc:
+        raise BadParameter(f"the job request does not fit: {exc}") from None
+    submission.check_request(req)
+    await check_device(request, project, role, req.device)
+    rec = await blocking(app, intake.find, app[CONN], [project], upload_id)
+    report = await inspection(request, rec, req.device)
+    spec, warnings = submission.plan_job(req, report, intake.source_of(rec))
+    spec = dataclasses.replace(spec, priority=priority)
+    store = app[STORE]
+    render_queue = RenderQueue(app[RQ_CONN], req.device)
+
+    def create() -> str:
+        job_id = submission.submit(
+            app[RQ_CONN], store, render_queue, spec, warnings, report.autoexec_fail
+        )
+        guard(app[CONN].zadd, keys.project_jobs(project), {job_id: spec_created(store, job_id)})
+        return job_id
+
+    job_id = await blocking(app, create)
+    log.info("event=job_submitted job=%s project=%s user=%s upload=%s device=%s", job_id,
+             project, user_of(request).name, upload_id, req.device)  # fmt: skip
+    status = await blocking(app, store.status, job_id)
+    return web.json_response({**job_json(status), "warnings": warnings}, status=201)
+
+
+def spec_created(store: JobStore, job_id: str) -> float:
+    return float(guard(store.conn.hget, keys.job(job_id), "created_s") or 0)
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    user = user_of(request)
+    project = request.query.get("project")
+    state = request.query.get("state")
+    if state is not None and state not in {s.value for s in JobState}:
+        raise BadParameter(f"state {state!r} is not one of {', '.join(s.value for s in JobState)}")
+    try:
+        limit = min(500, max(1, int(request.query.get("limit", "100"))))
+    except ValueError:
+        raise BadParameter("limit must be a whole number") from None
+    projects = [project] if project else sorted(user.roles)
+    for p in projects:
+        role_in(request, p)
+    app = request.app
+
+    def read() -> list[dict[str, Any]]:
+        ids: list[tuple[str, float]] = []
+        for p in projects:
+            ids.extend(guard(app[CONN].zrevrange, keys.project_jobs(p), 0, limit - 1,
+                             withscores=True))  # fmt: skip
+        ids.sort(key=lambda pair: -pair[1])
+        out = []
+        for job_id, _created in ids:
+            try:
+                status = app[STORE].status(job_id)
+            except NotFound:
+                continue
+            if state is None or status.state == state:
+                out.append(job_json(status))
+            if len(out) >= limit:
+                break
+        return out
+
+    return web.json_response({"jobs": await blocking(app, read)})
+
+
+def all_events(store: JobStore, job_id: str) -> list[Event]:
+    out: list[Event] = []
+    after = "0"
+    while True:
+        batch = store.events(job_id, after)
+        out.extend(batch)
+        if len(batch) < 1000:
+            return out
+        after = batch[-1].id
+
+
+def frames_view(store: JobStore, status: JobStatus) -> dict[str, Any]:
+    """Per frame: its state and the state of each tile (index = row * cols + col)."""
+    count = status.spec.tasks_per_frame
+    tiles = {f: ["queued"] * count for f in status.spec.frames}
+    for name, st in store.tile_states(status.id).items():
+        frame, index = (int(x) for x in name.split(":"))
+        if frame in tiles and 0 <= index < count:
+            tiles[frame][index] = st.value
+    done = {e.frame for e in all_events(store, status.id) if e.type == "frame_done"}
+    out: dict[str, Any] = {}
+    for frame, states in tiles.items():
+        if frame in done:
+            state = "done"
+        elif "failed" in states:
+            state = "failed"
+        elif all(s == "done" for s in states):
+            state = "assembling"
+        elif any(s in ("rendering", "done") for s in states):
+            state = "rendering"
+        elif all(s == "canceled" for s in states):
+            state = "canceled"
+        else:
+            state = "queued"
+        out[str(frame)] = {"state": state, "tiles": states}
+    return out
+
+
+async def get_job(request: web.Request) -> web.Response:
+    status = await job_for(request)
+    frames = await blocking(request.app, frames_view, request.app[STORE], status)
+    return web.json_response({**job_json(status), "frames": frames})
+
+
+async def job_logs(request: web.Request) -> web.Response:
+    status = await job_for(request)
+    events = await blocking(request.app, all_events, request.app[STORE], status.id)
+    lines = [log_line(e) for e in events]
+    if status.reason:
+        lines.append(f"job {status.state}: {status.reason}")
+    return web.json_response({"job_id": status.id, "lines": lines, "reason": status.reason})
+
+
+def log_line(e: Event) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.ts))
+    where = ""
+    if e.frame is not None:
+        where += f" frame {e.frame}"
+    if e.tile is not None:
+        where += f" tile {e.tile}"
+    if e.attempt is not None:
+        where += f" attempt {e.attempt}"
+    what = e.state or e.type
+    tail = f": {e.message}" if e.message else ""
+    return f"{when} {e.type}{where} {what}{tail}"
+
+
+# --- changing -------------------------------------------------------------------------------
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    status = await job_for(request, "member")
+    store = request.app[STORE]
+    outcome = await blocking(
+        request.app, store.end_job, status.id, JobState.CANCELED,
+        f"canceled by {user_of(request).name}",
+    )  # fmt: skip
+    if outcome != "ok":
+        state = outcome.removeprefix("job_")
+        raise Conflict(f"job {status.id} has already ended: {state}", state=state)
+    log.info("event=job_canceled job=%s user=%s", status.id, user_of(request).name)
+    return web.json_response(job_json(await blocking(request.app, store.status, status.id)))
+
+
+async def retry_job(request: web.Request) -> web.Response:
+    status = await job_for(request, "member")
+    app = request.app
+    store = app[STORE]
+    outcome, tasks = await blocking(app, store.retry_failed, status.id)
+    if outcome == "nothing":
+        raise Conflict(f"job {status.id} has no unfinished tiles to retry")
+    if outcome != "ok":
+        raise Conflict(
+            f"only a failed job can be retried; job {status.id} is {outcome.removeprefix('job_')}"
+        )
+    render_queue = RenderQueue(app[RQ_CONN], status.spec.device)
+    await blocking(app, render_queue.stage_tiles, tasks, status.spec.tile_timeout_s)
+    log.info("event=job_retried job=%s tiles=%d user=%s", status.id, len(tasks),
+             user_of(request).name)  # fmt: skip
+    new = await blocking(app, store.status, status.id)
+    return web.json_response({**job_json(new), "retried_tiles": len(tasks)})
+
+
+async def patch_job(request: web.Request) -> web.Response:
+    status = await job_for(request, "member")
+    body = await jsonio.read_object(request, {"priority": int}, required=("priority",))
+    priority = body["priority"]
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise BadParameter(f"priority must be {-MAX_PRIORITY} to {MAX_PRIORITY}")
+    if JobState(status.state) in JOB_FINAL:
+        raise Conflict(f"job {status.id} has ended ({status.state}); its priority is fixed")
+    conn = request.app[CONN]
+    key = keys.job(status.id)
+
+    def update(pipe: Any) -> None:
+        spec = JobSpec.from_json(pipe.hget(key, "spec"))
+        pipe.multi()
+        pipe.hset(key, "spec", dataclasses.replace(spec, priority=priority).to_json())
+
+    await blocking(request.app, guard, conn.transaction, update, key)
+    new = await blocking(request.app, request.app[STORE].status, status.id)
+    return web.json_response(job_json(new))

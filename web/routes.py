@@ -1,0 +1,163 @@
+"""The one URL table of the web app: every route, its handler, whether it is public, its doc."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from web import auth, downloads, events, jobs, metrics, openapi, pages, streams, uploads
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    #: served without a user (pages, login, the spec, metrics)
+    public: bool = False
+    #: JSON request body: field name -> JSON schema (OpenAPI)
+    body: dict[str, Any] | None = None
+    #: what the body is when it is not JSON (uploads)
+    body_type: str | None = None
+    query: tuple[str, ...] = ()
+    tags: tuple[str, ...] = field(default=())
+
+
+S = {"type": "string"}
+I = {"type": "integer"}  # noqa: E741
+B = {"type": "boolean"}
+
+
+def _job_body() -> dict[str, Any]:
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
+             dict: "object"}  # fmt: skip
+    out: dict[str, Any] = {}
+    for name, types in jobs.body_fields().items():
+        kinds = types if isinstance(types, tuple) else (types,)
+        schemas = [{"type": names[t]} for t in kinds if t in names]
+        out[name] = schemas[0] if len(schemas) == 1 else {"oneOf": schemas}
+    return out
+
+
+def table() -> list[Route]:
+    R = Route
+    return [
+        # pages
+        R("GET", "/", pages.index, "jobs list page", public=True, tags=("pages",)),
+        R("GET", "/login", pages.login_page, "login page", public=True, tags=("pages",)),
+        R("GET", "/upload", pages.upload_page, "upload and submit page", public=True,
+          tags=("pages",)),
+        R("GET", "/jobs/{job_id}", pages.job_page, "job page", public=True, tags=("pages",)),
+        R("GET", "/streams", pages.streams_page, "streams page", public=True, tags=("pages",)),
+        R("GET", "/static/{path}", pages.static_file, "page assets", public=True,
+          tags=("pages",)),
+        R("GET", "/player", pages.player, "stream player page", public=True, tags=("pages",)),
+        R("GET", "/player.{ext}", pages.player_asset, "stream player script and style",
+          public=True, tags=("pages",)),
+        R("GET", "/metrics", metrics.metrics, "Prometheus metrics", public=True,
+          tags=("meta",)),
+        R("GET", "/api/openapi.json", openapi.spec, "this API description", public=True,
+          tags=("meta",)),
+        # accounts
+        R("POST", "/api/login", auth.login, "trade an API token for a session cookie",
+          public=True, body={"token": S}, tags=("accounts",)),
+        R("POST", "/api/logout", auth.logout, "end the browser session", tags=("accounts",)),
+        R("GET", "/api/me", auth.me, "the user, their projects, roles and device classes",
+          tags=("accounts",)),
+        R("POST", "/api/tokens", auth.create_token, "create a user's API token (farm admins)",
+          body={"user": S, "project": S, "role": S, "admin": B}, tags=("accounts",)),
+        R("DELETE", "/api/tokens/{token_id}", auth.revoke_token, "revoke an API token",
+          tags=("accounts",)),
+        R("PUT", "/api/projects/{project}/policy", auth.set_policy,
+          "set the device classes a role may use (project admins)",
+          body={"role": S, "devices": {"type": "array", "items": S}}, tags=("accounts",)),
+        # uploads (sessions first: /api/uploads/sessions must not match {upload_id})
+        R("POST", "/api/uploads/sessions", uploads.create_session,
+          "start a resumable upload", body={"project": S, "name": S, "size": I},
+          tags=("uploads",)),
+        R("GET", "/api/uploads/sessions/{session_id}", uploads.session_status,
+          "where a resumable upload stands", tags=("uploads",)),
+        R("PATCH", "/api/uploads/sessions/{session_id}", uploads.session_chunk,
+          "append a chunk at Upload-Offset", body_type="application/octet-stream",
+          tags=("uploads",)),
+        R("DELETE", "/api/uploads/sessions/{session_id}", uploads.abort_session,
+          "drop a resumable upload", tags=("uploads",)),
+        R("POST", "/api/uploads/sessions/{session_id}/complete", uploads.complete_session,
+          "finish a resumable upload", tags=("uploads",)),
+        R("POST", "/api/uploads", uploads.post_upload,
+          "upload a .blend or a zip (multipart field \"file\", or raw with X-Filename)",
+          body_type="multipart/form-data", query=("project",), tags=("uploads",)),
+        R("GET", "/api/uploads", uploads.list_uploads, "the projects' uploads",
+          query=("project",), tags=("uploads",)),
+        R("PUT", "/api/uploads/{name}", uploads.put_upload, "upload raw bytes as NAME",
+          body_type="application/octet-stream", query=("project",), tags=("uploads",)),
+        R("GET", "/api/uploads/{upload_id}", uploads.get_upload, "one upload",
+          query=("project",), tags=("uploads",)),
+        R("POST", "/api/uploads/{upload_id}/inspect", uploads.inspect_upload,
+          "inspect the .blend (scripts off): frames, resolution, cameras, missing files",
+          query=("project", "device"), tags=("uploads",)),
+        # jobs
+        R("POST", "/api/jobs", jobs.submit_job, "submit a render job", body=_job_body(),
+          tags=("jobs",)),
+        R("GET", "/api/jobs", jobs.list_jobs, "jobs of the user's projects",
+          query=("project", "state", "limit"), tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}", jobs.get_job, "a job with its tile grid per frame",
+          tags=("jobs",)),
+        R("PATCH", "/api/jobs/{job_id}", jobs.patch_job, "change a job's priority",
+          body={"priority": I}, tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/events", events.job_events,
+          "the job's progress as server-sent events", query=("after",), tags=("jobs",)),
+        R("POST", "/api/jobs/{job_id}/cancel", jobs.cancel_job, "cancel a job",
+          tags=("jobs",)),
+        R("POST", "/api/jobs/{job_id}/retry", jobs.retry_job,
+          "render the unfinished tiles of a failed job again", tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/logs", jobs.job_logs, "the job's events and errors",
+          tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/frames", downloads.list_frames, "finished frame files",
+          tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/frames/{frame}/thumbnail", downloads.thumbnail,
+          "a preview image of a finished frame", tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/frames/{frame}/{file_name}", downloads.frame_file,
+          "one frame file", tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/download.zip", downloads.download_zip,
+          "every finished frame file as one zip (streamed)", tags=("jobs",)),
+        # streams
+        R("GET", "/api/streams/apps", streams.apps, "the stream app catalog",
+          tags=("streams",)),
+        R("GET", "/api/streams/ice", streams.ice, "STUN/TURN servers for WebRTC",
+          tags=("streams",)),
+        R("GET", "/api/streams/sessions", streams.list_sessions,
+          "running stream sessions of the user's projects", query=("project",),
+          tags=("streams",)),
+        R("POST", "/api/streams/sessions", streams.create_session, "launch a stream session",
+          body={"app": S, "project": S, "width": I, "height": I, "fps": I, "device": S},
+          tags=("streams",)),
+        R("GET", "/api/streams/sessions/{session_id}", streams.get_session,
+          "one stream session", tags=("streams",)),
+        R("DELETE", "/api/streams/sessions/{session_id}", streams.end_session,
+          "end a stream session", tags=("streams",)),
+        R("POST", "/api/streams/sessions/{session_id}/viewers", streams.join,
+          "join with a WebRTC offer (player or spectator)",
+          body={"type": S, "sdp": S, "role": S, "name": S}, tags=("streams",)),
+        R("DELETE", "/api/streams/sessions/{session_id}/viewers/{viewer_id}", streams.leave,
+          "leave a session", tags=("streams",)),
+        R("POST", "/api/streams/sessions/{session_id}/control", streams.control,
+          "hand control to a viewer", body={"viewer_id": S}, tags=("streams",)),
+    ]  # fmt: skip
+
+
+def add_routes(app: web.Application, routes: list[Route]) -> dict[tuple[str, str], Route]:
+    """Register every route; returns (method, canonical path) -> route for auth and OpenAPI."""
+    by_key: dict[tuple[str, str], Route] = {}
+    for r in routes:
+        path = r.path.replace("{ext}", "{ext:(?:js|css)}").replace("{path}", "{path:.+}")
+        resource = app.router.add_route(r.method, path, r.handler).resource
+        assert resource is not None
+        by_key[(r.method, resource.canonical)] = r
+    return by_key

@@ -1,0 +1,93 @@
+"""`farm web`: serve the app on its address, over TLS 1.3 when given a certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+from aiohttp import web
+
+from farm.errors import BadParameter, SetupError
+from farm.settings import Settings
+from web.app import create_app
+from web.tls import bind_host, server_context
+
+log = logging.getLogger("tessera.web")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def run(
+    settings: Settings,
+    out: TextIO = sys.stderr,
+    until: Callable[[str], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM, or until ``until(url)`` returns; says where, on ``out``."""
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise BadParameter("give both FARM_TLS_CERT and FARM_TLS_KEY, or neither")
+    ssl_context = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        ssl_context = server_context(settings.tls_cert, settings.tls_key)
+    host = bind_host(settings.web_host, ssl_context is not None)
+    runner = web.AppRunner(create_app(settings), access_log=logging.getLogger("tessera.access"))
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, settings.web_port, ssl_context=ssl_context)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise SetupError(
+                f"cannot listen on {host}:{settings.web_port}: {exc.strerror or exc}; choose "
+                "another FARM_WEB_PORT / FARM_WEB_HOST (or stop what uses it)"
+            ) from None
+        bound_port = runner.addresses[0][1]
+        scheme = "https" if ssl_context else "http"
+        shown = f"[{host}]" if ":" in host else host
+        url = f"{scheme}://{shown}:{bound_port}"
+        if ssl_context is None:
+            where = (
+                "loopback only, other machines cannot reach it"
+                if _is_loopback(host)
+                else "WITHOUT TLS: tokens and cookies cross the network in the clear"
+            )
+            print(
+                f"farm web: serving {url} ({where}); give FARM_TLS_CERT and FARM_TLS_KEY to "
+                "serve HTTPS (TLS 1.3) on every interface",
+                file=out,
+            )
+        else:
+            print(f"farm web: serving {url} (TLS 1.3 or newer)", file=out)
+        print(json.dumps({"url": url}), file=sys.stdout, flush=True)
+        if until is not None:
+            await until(url)
+        else:
+            await _signalled()
+    finally:
+        await runner.cleanup()
+
+
+async def _signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def serve(settings: Settings, out: TextIO = sys.stderr) -> None:
+    asyncio.run(run(settings, out))

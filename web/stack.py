@@ -1,0 +1,122 @@
+"""`farm up`: the local stack: private Redis, the web, a worker and stream service per device."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from farm import jobstore, lifetime
+from farm.embedded import LocalWorkers
+from farm.nvml import open_nvml
+from farm.redisserver import RedisServer
+from farm.settings import Settings
+from web.accounts import Accounts
+from web.serve import run
+
+log = logging.getLogger("tessera.up")
+
+#: seconds a service gets to stop after SIGTERM before it is killed
+STOP_GRACE_S = 10.0
+
+
+def gpu_indexes(settings: Settings) -> list[int]:
+    nvml = open_nvml(settings.nvml)
+    if nvml is None:
+        return []
+    try:
+        return [gpu.index for gpu in nvml.devices()]
+    finally:
+        nvml.close()
+
+
+class GpuWorker(LocalWorkers):
+    """The render worker of one GPU, named after its index (names are unique on the farm)."""
+
+    def start(self) -> None:
+        self._spawn(f"local-gpu{self.settings.gpu_index}")
+
+
+class StreamServices:
+    """One `farm stream` process per device (each GPU, or the CPU device)."""
+
+    def __init__(self, settings: Settings, gpus: list[int], log_dir: Path) -> None:
+        self.settings = settings
+        self.gpus = gpus
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        devices = [["--device", "gpu", "--gpu-index", str(i)] for i in self.gpus] or [
+            ["--device", "cpu"]
+        ]
+        env = {**os.environ, **self.settings.to_env(), "FARM_STREAM_PORT": "0"}
+        for i, args in enumerate(devices):
+            with (self.log_dir / f"stream-{i}.log").open("ab") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "farm", "stream", *args],
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=lifetime.die_with_parent(signal.SIGTERM),
+                    )
+                )
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            lifetime.stop(proc, STOP_GRACE_S)
+
+
+def up(settings: Settings, data_dir: Path, out: TextIO = sys.stderr) -> None:
+    """Run the stack from ``data_dir`` until Ctrl-C; stops every part it started."""
+    data_dir = data_dir.resolve()
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with RedisServer(data_dir / "redis", appendonly=True) as redis_server:
+        local = settings.with_(
+            redis_url=redis_server.url,
+            storage_dir=data_dir / "storage",
+            work_dir=data_dir / "work",
+        )
+        conn = jobstore.connect(local.redis_url)
+        try:
+            issued = Accounts(conn).bootstrap_admin()
+        finally:
+            conn.close()
+        gpus = gpu_indexes(local)
+        workers = [LocalWorkers(local.with_(device="cpu"), 1, logs)]
+        workers += [GpuWorker(local.with_(device="gpu", gpu_index=i), 1, logs) for i in gpus]
+        streams = StreamServices(local, gpus, logs)
+        try:
+            for pool in workers:
+                pool.start()
+            streams.start()
+            print(
+                f"farm up: Redis {redis_server.url}, {len(workers)} render worker(s), "
+                f"{len(streams.procs)} stream service(s); data and logs in {data_dir}",
+                file=out,
+            )
+            print(
+                f"farm up: admin API token (shown once): {issued.token}\n"
+                "farm up: log in with it in the browser, or send it as "
+                "`Authorization: Bearer <token>`; Ctrl-C stops everything",
+                file=out,
+                flush=True,
+            )
+            asyncio.run(run(local, out))
+        finally:
+            streams.stop()
+            for pool in workers:
+                pool.stop()
+            print("farm up: stopped", file=out)

@@ -1,0 +1,376 @@
+// Job page: live tile grid per frame from the job's server-sent events, thumbnails, log, actions.
+import { api, el, $, badge, progressBar, fmtBytes, fmtFrames, fmtTime, fmtDuration, startPage, toast, withButton } from "./app.js";
+
+const FINAL = new Set(["done", "failed", "canceled"]);
+const jobId = decodeURIComponent(location.pathname.replace(/^\/jobs\//, "").replace(/\/$/, ""));
+const base = "/api/jobs/" + encodeURIComponent(jobId);
+
+let job = null;
+let grid = { cols: 1, rows: 1 };
+const frames = new Map(); // frame number -> {state, tiles: [state], node, cells: [node]}
+const seen = new Set(); // keys of log lines already shown
+let source = null;
+let clock = null;
+let lastEventId = ""; // the newest event seen: a new stream goes on from there
+let canEdit = true; // a viewer of the job's project follows it but changes nothing
+
+function parseGrid(text) {
+  const m = /^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$/.exec(String(text || "1x1"));
+  const cols = m ? parseInt(m[1], 10) : 1;
+  return { cols, rows: m && m[2] ? parseInt(m[2], 10) : cols };
+}
+
+// --- frames and their tile grids ---------------------------------------------------------------
+
+function frameCard(n) {
+  const spec = job.spec || {};
+  const ratio = spec.width && spec.height ? (100 * spec.height) / spec.width : 56.25;
+  const tg = el("div", { class: "tilegrid", style: `grid-template-columns:repeat(${grid.cols},1fr);grid-template-rows:repeat(${grid.rows},1fr)` });
+  const cells = new Array(grid.cols * grid.rows);
+  // tile index 0 is the bottom-left tile (Blender's y counts up): draw the top row first
+  for (let dr = 0; dr < grid.rows; dr++) {
+    const row = grid.rows - 1 - dr;
+    for (let col = 0; col < grid.cols; col++) {
+      const index = row * grid.cols + col;
+      const cell = el("div", { class: "tile queued", title: `tile ${index}`, dataset: { tile: index } });
+      cells[index] = cell;
+      tg.append(cell);
+    }
+  }
+  const img = el("img", { alt: `frame ${n}`, class: "thumb", loading: "lazy" });
+  const view = el("div", { class: "frame-view", style: `padding-top:${Math.min(ratio, 150)}%` }, tg, img);
+  const state = el("span", { class: "frame-state" });
+  const files = el("div", { class: "files" });
+  const node = el("div", { class: "frame", dataset: { frame: n } }, view,
+    el("div", { class: "frame-meta" }, el("span", { class: "n" }, `#${n}`), state, files));
+  return { state: "queued", tiles: new Array(cells.length).fill("queued"), node, cells, img, view, stateNode: state, files, thumb: false };
+}
+
+function setTile(f, index, state) {
+  const fr = frames.get(f);
+  if (!fr || index < 0 || index >= fr.cells.length) return;
+  // a late event cannot undo a finished tile (events may replay after a reconnect)
+  if (fr.tiles[index] === "done" && state !== "done" && state !== "queued") return;
+  fr.tiles[index] = state;
+  fr.cells[index].className = "tile " + state;
+  fr.cells[index].title = `tile ${index}: ${state}`;
+}
+
+function setFrameState(f, state) {
+  const fr = frames.get(f);
+  if (!fr) return;
+  fr.state = state;
+  fr.stateNode.replaceChildren(badge(state));
+  if (state === "done") {
+    fr.tiles.forEach((_, i) => setTile(f, i, "done"));
+    showThumb(f);
+  }
+}
+
+function showThumb(f) {
+  const fr = frames.get(f);
+  if (!fr || fr.thumb) return;
+  fr.thumb = true;
+  fr.img.onload = () => { fr.img.classList.add("shown"); fr.view.classList.add("has-thumb"); };
+  fr.img.onerror = () => { fr.thumb = false; };
+  fr.img.src = `${base}/frames/${f}/thumbnail`;
+}
+
+function showFiles(list) {
+  for (const item of list || []) {
+    const fr = frames.get(Number(item.frame));
+    if (!fr) continue;
+    fr.files.replaceChildren(...(item.files || []).map((file) =>
+      el("a", { href: file.url || `${base}/frames/${item.frame}/${encodeURIComponent(file.name)}`, download: file.name,
+        title: `${file.name} · ${fmtBytes(file.size)}` }, (file.name.split(".").pop() || "file"))));
+    if ((item.files || []).length) showThumb(Number(item.frame));
+  }
+}
+
+async function loadFiles() {
+  try {
+    const data = await api(base + "/frames");
+    showFiles(data.frames);
+  } catch (e) {
+    /* no frames yet */
+  }
+}
+
+function buildFrames() {
+  const spec = job.spec || {};
+  // a sample split renders whole frames in parts: one cell per part
+  grid = spec.mode === "sample_split" ? { cols: spec.split_parts || 1, rows: 1 } : parseGrid(spec.tiles);
+  frames.clear();
+  const numbers = (job.spec && job.spec.frames) || Object.keys(job.frames || {}).map(Number);
+  const box = $("#frames");
+  box.replaceChildren();
+  for (const n of numbers) {
+    const fr = frameCard(n);
+    frames.set(Number(n), fr);
+    box.append(fr.node);
+  }
+  for (const [n, info] of Object.entries(job.frames || {})) {
+    const f = Number(n);
+    (info.tiles || []).forEach((s, i) => setTile(f, i, s));
+    setFrameState(f, info.state || "queued");
+  }
+  for (const n of frames.keys()) if (!frames.get(n).stateNode.firstChild) setFrameState(n, "queued");
+}
+
+// --- header, stats and notes ---------------------------------------------------------------------
+
+function countTiles() {
+  let done = 0, failed = 0, total = 0, framesDone = 0;
+  for (const fr of frames.values()) {
+    total += fr.tiles.length;
+    done += fr.tiles.filter((s) => s === "done").length;
+    failed += fr.tiles.filter((s) => s === "failed").length;
+    if (fr.state === "done") framesDone++;
+  }
+  return { done, failed, total, framesDone };
+}
+
+function drawHeader() {
+  const spec = job.spec || {};
+  document.title = `${spec.name || jobId} · Tessera`;
+  $("#job-name").textContent = spec.name || jobId;
+  $("#job-id").textContent = `${jobId} · ${spec.source ? spec.source.name : ""} · project ${spec.project || ""}`;
+  $("#job-state").replaceChildren(badge(job.state));
+  if (document.activeElement !== $("#priority")) $("#priority").value = spec.priority ?? 0;
+  const final = FINAL.has(job.state) || !canEdit;
+  $("#cancel").disabled = final;
+  $("#priority").disabled = final;
+  $("#set-priority").disabled = final;
+  $("#retry").disabled = !canEdit || !(job.state === "failed" || countTiles().failed > 0);
+  const any = countTiles().framesDone > 0 || (job.frames_done || 0) > 0;
+  const dl = $("#download-all");
+  dl.href = base + "/download.zip";
+  dl.classList.toggle("disabled", !any);
+  dl.setAttribute("aria-disabled", String(!any));
+  dl.title = any ? "Every delivered frame file in one zip" : "No frame has been delivered yet";
+  drawStats();
+  drawNotes();
+}
+
+function drawStats() {
+  const spec = job.spec || {};
+  const c = countTiles();
+  const tilesDone = Math.max(c.done, job.state === "done" ? c.total : 0);
+  const elapsed = job.started_s ? (job.finished_s || Date.now() / 1000) - job.started_s : null;
+  const stat = (k, v, cls = "") => el("div", { class: "stat" }, el("div", { class: "k" }, k), el("div", { class: "v " + cls }, v));
+  $("#stats").replaceChildren(
+    el("div", { class: "stat wide" }, el("div", { class: "k" }, "Progress"),
+      el("div", { class: "v", id: "progress-text" }, `${c.total ? Math.round((100 * tilesDone) / c.total) : 0}%`),
+      progressBar(tilesDone, c.total, job.state)),
+    stat("Tiles", `${tilesDone} / ${c.total}`),
+    stat("Frames", `${c.framesDone} / ${frames.size}`),
+    stat("Failed tiles", String(Math.max(c.failed, 0))),
+    stat("Frame list", fmtFrames(spec.frames), "small mono"),
+    spec.mode === "sample_split"
+      ? stat("Split", `${spec.split_parts} sample parts`, "small")
+      : stat("Grid", spec.tiles || "", "small mono"),
+    stat("Resolution", spec.width ? `${spec.width}×${spec.height}` : "—", "small"),
+    stat("Samples", spec.samples ? String(spec.samples) : "as saved", "small"),
+    stat("Device", String(spec.device || "").toUpperCase(), "small"),
+    stat("Formats", (spec.formats || []).join(", "), "small"),
+    stat("Submitted", fmtTime(job.created_s), "small"),
+    stat("Elapsed", fmtDuration(elapsed), "small"));
+}
+
+function drawNotes() {
+  const notes = [];
+  if (job.state === "failed" && job.reason) {
+    notes.push(el("div", { class: "callout bad", id: "reason" }, el("strong", {}, "The job failed"), job.reason));
+  } else if (job.state === "canceled") {
+    notes.push(el("div", { class: "callout" }, el("strong", {}, "Canceled"), job.reason || "The job was canceled."));
+  }
+  if (job.scripts_blocked) {
+    notes.push(el("div", { class: "callout warn" }, el("strong", {}, "Scripts blocked"),
+      "This file wanted to run Python (auto-run scripts or drivers); it rendered with scripts off."));
+  }
+  for (const w of job.warnings || []) notes.push(el("div", { class: "callout warn" }, w));
+  $("#notes").replaceChildren(...notes);
+}
+
+// --- log -------------------------------------------------------------------------------------------
+
+function eventKey(ev) {
+  return ev.id || [ev.ts, ev.type, ev.state, ev.frame, ev.tile, ev.attempt, ev.message].join("|");
+}
+
+function describe(ev) {
+  const where = ev.frame !== undefined && ev.frame !== null ? `frame ${ev.frame}` + (ev.tile !== undefined && ev.tile !== null ? ` tile ${ev.tile}` : "") : "";
+  const attempt = ev.attempt ? ` (attempt ${ev.attempt})` : "";
+  switch (ev.type) {
+    case "job_state": return `job ${ev.state}${ev.message ? ": " + ev.message : ""}`;
+    case "tile_state": return `${where} ${ev.state}${attempt}${ev.message ? ": " + ev.message : ""}`;
+    case "frame_done": return `${where} done${ev.message ? ": " + ev.message : ""}`;
+    case "warning": return `warning: ${ev.message}`;
+    default: return [ev.type, where, ev.state, ev.message].filter(Boolean).join(" ");
+  }
+}
+
+function logLine(ts, text, level) {
+  const log = $("#log");
+  const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+  log.append(el("div", { class: level }, el("span", { class: "t" }, ts ? new Date(ts * 1000).toLocaleTimeString() : ""), text));
+  if (stick) log.scrollTop = log.scrollHeight;
+}
+
+function levelOf(ev) {
+  if (ev.level) return { error: "err", warning: "warn" }[ev.level] || "";
+  if (ev.state === "failed" || ev.type === "error") return "err";
+  if (ev.type === "warning") return "warn";
+  if (ev.type === "frame_done" || (ev.type === "job_state" && ev.state === "done")) return "ok";
+  return "";
+}
+
+function logEvent(ev) {
+  const key = eventKey(ev);
+  if (seen.has(key)) return;
+  seen.add(key);
+  // tiles starting are on the grid; the log keeps finished, failed and requeued tiles
+  if (ev.type === "tile_state" && ev.state === "rendering" && !ev.message) return;
+  logLine(ev.ts, describe(ev), levelOf(ev));
+}
+
+// --- live events -----------------------------------------------------------------------------------
+
+function setLive(on, text) {
+  $("#live").classList.toggle("on", on);
+  $("#live span").textContent = text;
+}
+
+function onEvent(ev) {
+  if (ev.type === "tile_state" && ev.frame !== null && ev.frame !== undefined) {
+    setTile(ev.frame, ev.tile, ev.state);
+    const fr = frames.get(ev.frame);
+    if (fr && fr.state !== "done") {
+      if (ev.state === "failed") setFrameState(ev.frame, "failed");
+      else if (ev.state === "rendering" || ev.state === "queued") {
+        setFrameState(ev.frame, fr.tiles.includes("failed") ? "failed" : ev.state === "rendering" || fr.tiles.includes("done") ? "rendering" : "queued");
+      }
+    }
+  } else if (ev.type === "frame_done") {
+    setFrameState(ev.frame, "done");
+    loadFiles();
+  } else if (ev.type === "job_state") {
+    job.state = ev.state;
+    if (ev.message && ev.state === "failed") job.reason = ev.message;
+    if (FINAL.has(ev.state)) finish();
+  }
+  logEvent(ev);
+  scheduleDraw();
+}
+
+let drawPending = false;
+function scheduleDraw() {
+  // a replayed history is thousands of events: redraw the header once per animation frame
+  if (drawPending) return;
+  drawPending = true;
+  requestAnimationFrame(() => { drawPending = false; drawHeader(); });
+}
+
+/** Follow the job's events; the first stream replays its history (the log and grid come from it). */
+function connect() {
+  if (source) source.close();
+  setLive(false, "connecting");
+  const after = lastEventId ? "?after=" + encodeURIComponent(lastEventId) : "";
+  source = new EventSource(base + "/events" + after, { withCredentials: true });
+  source.onopen = () => setLive(true, "live");
+  source.onmessage = (msg) => {
+    let ev;
+    try { ev = JSON.parse(msg.data); } catch (e) { return; }
+    if (!ev.id && msg.lastEventId) ev.id = msg.lastEventId;
+    if (ev.id) lastEventId = ev.id;
+    onEvent(ev);
+  };
+  source.addEventListener("end", () => finish());
+  source.onerror = () => {
+    // the server ends the stream when the job ends; otherwise EventSource reconnects by itself
+    // (sending Last-Event-ID, so nothing is replayed twice)
+    if (job && FINAL.has(job.state)) finish();
+    else setLive(false, "reconnecting");
+  };
+  if (!clock && !FINAL.has(job.state)) clock = setInterval(drawStats, 1000); // elapsed time only
+}
+
+async function finish() {
+  if (source) { source.close(); source = null; }
+  if (clock) { clearInterval(clock); clock = null; }
+  setLive(false, "finished");
+  try {
+    job = await api(base);
+    for (const [n, info] of Object.entries(job.frames || {})) {
+      (info.tiles || []).forEach((s, i) => setTile(Number(n), i, s));
+      if (info.state) setFrameState(Number(n), info.state);
+    }
+  } catch (e) { /* keep what we have */ }
+  if (job.state === "canceled") {
+    // what was still queued or rendering will not finish: show it as canceled, not busy
+    for (const [n, fr] of frames) {
+      fr.tiles.forEach((s, i) => { if (s === "queued" || s === "rendering") setTile(n, i, "canceled"); });
+      if (fr.state !== "done") setFrameState(n, "canceled");
+    }
+  }
+  drawHeader();
+  loadFiles();
+}
+
+// --- actions ---------------------------------------------------------------------------------------
+
+async function cancel() {
+  if (!confirm("Cancel this job? Tiles already rendered are kept, the rest are dropped.")) return;
+  await withButton($("#cancel"), async () => {
+    await api(base + "/cancel", { method: "POST" });
+    toast("Job canceled", "ok");
+    await finish();
+  });
+  drawHeader(); // withButton re-enabled the button; the job's state decides
+}
+
+async function retry() {
+  await withButton($("#retry"), async () => {
+    const r = await api(base + "/retry", { method: "POST" });
+    toast(r && r.retried_tiles !== undefined ? `${r.retried_tiles} tile(s) queued again` : "Failed tiles queued again", "ok");
+    job = await api(base);
+    buildFrames();
+    drawHeader();
+    if (!FINAL.has(job.state)) connect();
+  });
+  drawHeader();
+}
+
+async function setPriority() {
+  const value = parseInt($("#priority").value, 10);
+  if (Number.isNaN(value)) { toast("Priority must be a whole number", "bad"); return; }
+  await withButton($("#set-priority"), async () => {
+    const r = await api(base, { method: "PATCH", json: { priority: value } });
+    if (r && r.spec) job.spec.priority = r.spec.priority;
+    else job.spec.priority = value;
+    toast(`Priority set to ${value}`, "ok");
+  });
+  drawHeader();
+}
+
+const page = await startPage("jobs", () => location.assign("/"));
+if (page) {
+  try {
+    job = await api(base);
+  } catch (e) {
+    $("main").replaceChildren(el("div", { class: "callout bad" }, el("strong", {}, e.status === 404 ? "No such job" : "Cannot load the job"),
+      e.status === 404 ? `There is no job ${jobId} in your projects.` : e.message, el("div", {}, el("a", { href: "/" }, "Back to the jobs list"))));
+  }
+  if (job) {
+    const project = (page.me.projects || []).find((p) => p.id === (job.spec || {}).project);
+    canEdit = !project || project.role !== "viewer";
+    buildFrames();
+    drawHeader();
+    $("#cancel").addEventListener("click", cancel);
+    $("#retry").addEventListener("click", retry);
+    $("#set-priority").addEventListener("click", setPriority);
+    loadFiles();
+    connect(); // a finished job's stream replays its log and ends
+    document.body.dataset.ready = "1"; // handlers attached (tests wait for this)
+  }
+}

@@ -1,0 +1,204 @@
+"""Stream routes: the app catalog and sessions, proxied to the stream services, project-checked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from farm import keys
+from farm.errors import BadParameter, FarmError, NoCapacity, NotFound
+from farm.redisclient import guard
+from web import jsonio
+from web.appkeys import CONN, HTTP, blocking, user_of
+from web.auth import check_device, role_in
+
+log = logging.getLogger("tessera.web.streams")
+
+#: how long an ended session's owner record outlives it (a stale record only ever 404s)
+OWNER_TTL_S = 7 * 24 * 3600
+TIMEOUT = aiohttp.ClientTimeout(total=30)
+
+
+def device_class(service: dict[str, Any]) -> str:
+    return str(service.get("device_class") or (
+        "cpu" if str(service.get("device_id", "")).startswith("cpu") else "gpu"))  # fmt: skip
+
+
+def _services(conn: Any) -> list[dict[str, Any]]:
+    now = time.time()
+    out = []
+    for raw in guard(conn.hgetall, keys.STREAM_SERVICES).values():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if float(entry.get("alive_until", now + 1)) >= now and entry.get("url"):
+            out.append(entry)
+    return sorted(out, key=lambda e: str(e.get("device_id", "")))
+
+
+async def services(request: web.Request) -> list[dict[str, Any]]:
+    found = await blocking(request.app, _services, request.app[CONN])
+    if not found:
+        raise NoCapacity("no stream service is running; start one with `farm stream`")
+    return found
+
+
+async def call(request: web.Request, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    try:
+        async with request.app[HTTP].request(method, url, json=body, timeout=TIMEOUT) as resp:
+            if resp.status == 204:
+                return 204, None
+            data = await resp.json(content_type=None)
+            return resp.status, data
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise NoCapacity(f"the stream service at {url} did not answer: {exc}") from None
+
+
+def _answer(status: int, data: Any) -> web.Response:
+    if status == 204:
+        return web.Response(status=204)
+    return web.json_response(data, status=status)
+
+
+async def apps(request: web.Request) -> web.Response:
+    service = (await services(request))[0]
+    return _answer(*await call(request, "GET", service["url"] + "/api/streams/apps"))
+
+
+async def ice(request: web.Request) -> web.Response:
+    service = (await services(request))[0]
+    return _answer(*await call(request, "GET", service["url"] + "/api/streams/ice"))
+
+
+async def _owners(request: web.Request, sids: list[str]) -> list[dict[str, Any] | None]:
+    conn = request.app[CONN]
+
+    def read() -> list[dict[str, Any] | None]:
+        pipe = conn.pipeline()
+        for sid in sids:
+            pipe.get(keys.stream_owner(sid))
+        return [json.loads(t) if t else None for t in (guard(pipe.execute) if sids else [])]
+
+    return await blocking(request.app, read)
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    user = user_of(request)
+    project = request.query.get("project")
+    if project:
+        role_in(request, project)
+    found: list[dict[str, Any]] = []
+    for service in await blocking(request.app, _services, request.app[CONN]):
+        status, data = await call(request, "GET", service["url"] + "/api/streams/sessions")
+        if status == 200 and isinstance(data, dict):
+            found.extend(data.get("sessions", []))
+    owners = await _owners(request, [str(s.get("session_id")) for s in found])
+    out = []
+    for session, owner in zip(found, owners, strict=True):
+        if owner is None or user.role(owner["project"]) is None:
+            continue
+        if project and owner["project"] != project:
+            continue
+        out.append({**session, "project": owner["project"], "owner": owner["user"]})
+    return web.json_response({"sessions": out})
+
+
+async def create_session(request: web.Request) -> web.Response:
+    body = await jsonio.read_object(
+        request,
+        {"app": str, "width": int, "height": int, "fps": int, "project": str, "device": str},
+        required=("app", "project"),
+    )
+    project = body["project"]
+    role = role_in(request, project, "member")
+    wanted = body.pop("device", None)
+    candidates = await services(request)
+    if wanted is not None:
+        candidates = [s for s in candidates if device_class(s) == wanted]
+        if not candidates:
+            raise BadParameter(f"no stream service runs on device class {wanted!r}")
+    allowed = []
+    for service in candidates:
+        try:
+            await check_device(request, project, role, device_class(service))
+            allowed.append(service)
+        except FarmError as exc:
+            last_denied: FarmError = exc
+    if not allowed:
+        raise last_denied
+    user = user_of(request).name
+    payload = {**body, "owner": user}
+    status, data = 503, None
+    for service in allowed:
+        status, data = await call(
+            request, "POST", service["url"] + "/api/streams/sessions", payload
+        )
+        if status == 201:
+            owner = {"project": project, "user": user, "url": service["url"]}
+            await blocking(request.app, guard, request.app[CONN].set,
+                           keys.stream_owner(data["session_id"]), json.dumps(owner),
+                           ex=OWNER_TTL_S)  # fmt: skip
+            log.info("event=stream_started session=%s project=%s user=%s device=%s",
+                     data["session_id"], project, user, service.get("device_id"))  # fmt: skip
+            return web.json_response({**data, "project": project, "owner": user}, status=201)
+        if status not in (409, 503):
+            break
+    return _answer(status, data)
+
+
+async def _owned(request: web.Request, at_least: str = "viewer") -> tuple[str, dict[str, Any]]:
+    sid = request.match_info["session_id"]
+    (owner,) = await _owners(request, [sid])
+    if owner is None or user_of(request).role(owner["project"]) is None:
+        raise NotFound(f"no stream session {sid!r} in your projects", session_id=sid)
+    role_in(request, owner["project"], at_least)
+    return sid, owner
+
+
+async def get_session(request: web.Request) -> web.Response:
+    sid, owner = await _owned(request)
+    status, data = await call(request, "GET", f"{owner['url']}/api/streams/sessions/{sid}")
+    if status == 200:
+        data = {**data, "project": owner["project"], "owner": owner["user"]}
+    return _answer(status, data)
+
+
+async def end_session(request: web.Request) -> web.Response:
+    sid, owner = await _owned(request, "member")
+    status, data = await call(request, "DELETE", f"{owner['url']}/api/streams/sessions/{sid}")
+    if status in (204, 404):
+        await blocking(request.app, guard, request.app[CONN].delete, keys.stream_owner(sid))
+    return _answer(status, data)
+
+
+async def join(request: web.Request) -> web.Response:
+    """Add a viewer; a project's viewers always join as spectators."""
+    sid, owner = await _owned(request)
+    body = await jsonio.read_object(
+        request, {"type": str, "sdp": str, "role": str, "name": str}, required=("sdp",)
+    )
+    if user_of(request).role(owner["project"]) == "viewer":
+        body["role"] = "spectator"
+    body.setdefault("name", user_of(request).name)
+    url = f"{owner['url']}/api/streams/sessions/{sid}/viewers"
+    return _answer(*await call(request, "POST", url, body))
+
+
+async def leave(request: web.Request) -> web.Response:
+    sid, owner = await _owned(request)
+    vid = request.match_info["viewer_id"]
+    url = f"{owner['url']}/api/streams/sessions/{sid}/viewers/{vid}"
+    return _answer(*await call(request, "DELETE", url))
+
+
+async def control(request: web.Request) -> web.Response:
+    sid, owner = await _owned(request, "member")
+    body = await jsonio.read_object(request, {"viewer_id": str}, required=("viewer_id",))
+    url = f"{owner['url']}/api/streams/sessions/{sid}/control"
+    return _answer(*await call(request, "POST", url, body))
