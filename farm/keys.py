@@ -6,6 +6,8 @@ PREFIX = "tessera"
 
 #: sorted set of job ids by creation time
 JOBS = f"{PREFIX}:jobs"
+#: hash job id -> priority, for the jobs whose priority is not 0 (the queue's order reads it)
+PRIORITIES = f"{PREFIX}:priorities"
 
 
 def job(job_id: str) -> str:

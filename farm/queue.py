@@ -45,6 +45,7 @@ class RenderQueue:
         self.conn = conn
         self.device_class = device_class
         self.queue = Queue(keys.render_queue(device_class), connection=conn)
+        self._reorder = conn.register_script(_REORDER)
 
     def stage_tiles(
         self, tasks: Iterable[TileTask], timeout_s: float, pipeline: Any = None
@@ -91,6 +92,24 @@ class RenderQueue:
             description=f"inspect {source.name}",
         )
 
+    def set_priority(self, job_id: str, priority: int) -> None:
+        """Give a job's waiting tiles their place: before every job of lower priority, after
+        every job of higher priority.
+
+        Among equal priorities the queue keeps its order (new jobs join the back of their
+        priority). A retried tile joins the back of the queue and finds its place at the next
+        reorder. Sorting costs O(n log n) in Redis for n waiting tasks, once per change.
+        """
+        if priority:
+            guard(self.conn.hset, keys.PRIORITIES, job_id, priority)
+        else:
+            guard(self.conn.hdel, keys.PRIORITIES, job_id)
+        self.reorder()
+
+    def reorder(self) -> int:
+        """Sort the waiting tasks by their job's priority (nothing to do while none is set)."""
+        return int(guard(self._reorder, keys=[self.queue.key, keys.PRIORITIES]))
+
     def depth(self) -> int:
         return int(self.queue.count)
 
@@ -101,6 +120,34 @@ class RenderQueue:
             pipe.exists(Job.key_for(t.rq_id))
         found = guard(pipe.execute) if tasks else []
         return [t for t, exists in zip(tasks, found, strict=True) if not exists]
+
+
+#: Sorts a queue's waiting tasks by their job's priority, highest first, keeping the order
+#: within a priority (stable). Assemblies and inspections stay in front of every tile: a
+#: finished frame or a waiting user is worth more than one more tile.
+#: KEYS: the rq queue list, the priorities hash.   Returns how many entries were sorted.
+_REORDER = """
+if redis.call('HLEN', KEYS[2]) == 0 then return 0 end
+local ids = redis.call('LRANGE', KEYS[1], 0, -1)
+local items = {}
+for i, id in ipairs(ids) do
+  local p = 1e12
+  local job = string.match(id, '^tile%-(%d+%-%d+%-%x+)%-')
+  if job then p = tonumber(redis.call('HGET', KEYS[2], job) or '0') end
+  items[i] = {p, i, id}
+end
+table.sort(items, function(a, b)
+  if a[1] ~= b[1] then return a[1] > b[1] end
+  return a[2] < b[2]
+end)
+redis.call('DEL', KEYS[1])
+for start = 1, #items, 5000 do
+  local chunk = {}
+  for i = start, math.min(start + 4999, #items) do chunk[#chunk + 1] = items[i][3] end
+  redis.call('RPUSH', KEYS[1], unpack(chunk))
+end
+return #items
+"""
 
 
 class _FarmWorker(SimpleWorker):

@@ -273,4 +273,8 @@ def submit(
         tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
         queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe)
         guard(pipe.execute)
+    if spec.priority:
+        queue.set_priority(job_id, spec.priority)
+    else:
+        queue.reorder()  # a job of priority 0 goes after waiting jobs of higher priority
     return job_id

@@ -312,5 +312,8 @@ async def patch_job(request: web.Request) -> web.Response:
         pipe.hset(key, "spec", dataclasses.replace(spec, priority=priority).to_json())
 
     await blocking(request.app, guard, conn.transaction, update, key)
+    # the job's waiting tiles move before (or after) other jobs' now, not only its label
+    render_queue = RenderQueue(request.app[RQ_CONN], status.spec.device)
+    await blocking(request.app, render_queue.set_priority, status.id, priority)
     new = await blocking(request.app, request.app[STORE].status, status.id)
     return web.json_response(job_json(new))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -171,3 +172,34 @@ def test_every_script_transition_obeys_the_table(store: JobStore, rconn: redis.R
 def test_spec_round_trips_through_json(tmp_path: Path) -> None:
     spec = _spec()
     assert JobSpec.from_json(spec.to_json()) == spec
+
+
+def test_priority_orders_waiting_tiles_and_a_change_moves_them(
+    store: JobStore, queue: RenderQueue
+) -> None:
+    low = _new_job(store, queue, _spec(frames=(1,)))
+    high = _new_job(store, queue, dataclasses.replace(_spec(frames=(1,)), priority=5))
+    later = _new_job(store, queue, _spec(frames=(1,)))
+    short = {low: "low", high: "high", later: "later"}
+    assert [short[j] for j in _job_order(queue)] == ["high", "low", "later"]
+    # a frame's assembly stays in front of every tile, whatever the priorities
+    queue.enqueue_assembly(low, 1, 60)
+    assert queue.queue.job_ids[0] == f"assemble-{low}-1"
+    queue.set_priority(later, 9)
+    assert [short[j] for j in _job_order(queue)] == ["later", "high", "low"]
+    # back to 0: behind the higher job again; among equals the queue keeps its order
+    queue.set_priority(later, 0)
+    assert [short[j] for j in _job_order(queue)] == ["high", "later", "low"]
+    assert queue.queue.job_ids[0] == f"assemble-{low}-1"
+    assert queue.depth() == 7, "reordering loses and duplicates nothing"
+
+
+def _job_order(queue: RenderQueue) -> list[str]:
+    """Each job id once, in the order its first waiting tile comes in the queue."""
+    seen: list[str] = []
+    for rq_id in queue.queue.job_ids:
+        if rq_id.startswith("tile-"):
+            job = "-".join(rq_id.split("-")[1:4])
+            if job not in seen:
+                seen.append(job)
+    return seen
