@@ -92,8 +92,9 @@ def empty(endpoint: str, prefix: str) -> None:
     client.close()
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} [{min(values):.1f}..{max(values):.1f}]"
+def spread(values: list[float], digits: int = 1) -> str:
+    med, lo, hi = statistics.median(values), min(values), max(values)
+    return f"{med:.{digits}f} [{lo:.{digits}f}..{hi:.{digits}f}]"
 
 
 def main() -> None:
@@ -129,7 +130,7 @@ def main() -> None:
     print(f"job: {args.frames} frames x {args.mib:g} MiB = {total_mib:g} MiB, {args.runs} run(s)")
     print(f"farm storage layer  MiB/s: {spread(farm_mibps)}")
     print(f"boto3 upload_file   MiB/s: {spread(boto_mibps)}  (baseline)")
-    print(f"ratio farm/boto3         : {spread(ratios)}  (target >= 0.8)")
+    print(f"ratio farm/boto3         : {spread(ratios, 3)}  (target >= 0.8)")
     figures = {
         "bench": "delivery",
         "frames": args.frames,

@@ -94,6 +94,11 @@ class S3Storage(Storage):
             raise StorageError(f"cannot configure S3 for {self.url}: {exc}") from exc
         # KMS-encrypted objects' ETags are not the MD5 of their bytes
         self._etag_is_md5 = settings.s3_sse != "aws:kms"
+        # whether the store answered the last upload with the CRC32 of what it stored. One that
+        # does not (MinIO in some modes, moto) is checked by ETag = MD5 instead, and that MD5
+        # is then hashed on another core while the bytes go up, not after
+        self._echoes_crc = True
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="s3-md5")
 
     # --- naming --------------------------------------------------------------------------------
 
@@ -138,19 +143,23 @@ class S3Storage(Storage):
         data = src.read_bytes()
         if len(data) != size:
             raise StorageError(f"{src} changed while it was being stored", key=key)
+        checksum = self.settings.s3_checksum == "when_supported"
+        crc32 = self._hasher.submit(zlib.crc32, data) if checksum else None  # beside the sha256
         sha = hashlib.sha256(data).hexdigest()
         args = self._object_args(key, sha, deliverable, owner)
         args.update(Body=data, ContentLength=size)
         if once:
             args["IfNoneMatch"] = "*"
-        if self.settings.s3_checksum == "when_supported":
+        if crc32 is not None:
             # the store checks the CRC32 we send and answers with the CRC32 of what it stored
-            crc = _b64(zlib.crc32(data).to_bytes(4, "big"))
+            crc = _b64(crc32.result().to_bytes(4, "big"))
             args["ChecksumCRC32"] = crc
+            early = None if self._echoes_crc else self._hasher.submit(_md5_hex, data)
             reply = self._put_object(key, size, sha, owner, args)
             if isinstance(reply, StoredObject):
                 return reply
             stored_crc = reply.get("ChecksumCRC32")
+            self._echoes_crc = bool(stored_crc)
             if stored_crc:
                 if stored_crc != crc:
                     raise StorageCorrupt(
@@ -159,7 +168,8 @@ class S3Storage(Storage):
                         key=key,
                     )
                 return StoredObject(key, size, sha, owner)
-            md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()  # a store ignoring CRC32
+            # a store ignoring CRC32: its ETag must be the MD5 of the bytes sent
+            md5 = early.result() if early is not None else _md5_hex(data)
         else:
             # no CRC32 goes with the request: Content-MD5 lets the store check the bytes, and
             # its ETag is the MD5 of what it stored
@@ -416,6 +426,7 @@ class S3Storage(Storage):
         return url
 
     def close(self) -> None:
+        self._hasher.shutdown(wait=True)
         self.client.close()
 
     # --- errors --------------------------------------------------------------------------------
@@ -466,6 +477,11 @@ class S3Storage(Storage):
                 url=where,
             )
         return StorageError(f"S3 could not {action} {where}: {exc}", url=where)
+
+
+def _md5_hex(data: bytes) -> str:
+    # hashlib releases the GIL on large buffers: this runs beside the upload
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def _b64(digest: bytes) -> str:
