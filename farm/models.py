@@ -109,6 +109,8 @@ class JobSpec:
     fps: float = 24.0
     #: deliver an H.264 MP4 of an animation's frames when they are all done
     preview: bool = True
+    #: the scene composites: tasks render every pass, PNG/JPEG are the compositor's result
+    compositor: bool = False
     v: int = SCHEMA_VERSION
 
     @property
@@ -121,7 +123,7 @@ class JobSpec:
     @property
     def layered(self) -> bool:
         """Whether tasks render multilayer EXRs (every pass) rather than plain RGBA."""
-        return self.denoise or self.passes or self.mode == SAMPLE_SPLIT
+        return self.denoise or self.passes or self.compositor or self.mode == SAMPLE_SPLIT
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -188,6 +190,8 @@ class InspectionReport:
     scripts: list[str]
     #: coarse device memory the scene needs (geometry, textures, buffers); 0 when unknown
     vram_estimate_mib: int = 0
+    #: the scene's final render runs a compositor node tree
+    compositor: bool = False
     v: int = SCHEMA_VERSION
 
     @classmethod

@@ -194,6 +194,11 @@ def plan_job(
         warnings.append(f"the file wanted to run Python and was not allowed to: {what}")
     if report.missing_files:
         warnings.append(f"rendering without {len(report.missing_files)} missing file(s)")
+    if report.compositor:
+        warnings.append(
+            "the scene composites: tiles render every pass, and PNG/JPEG are the compositor's "
+            "result made from the stitched frame"
+        )
 
     spec = JobSpec(
         source=source,
@@ -219,6 +224,8 @@ def plan_job(
         allow_cpu_fallback=req.allow_cpu_fallback,
         fps=report.fps,
         preview=req.preview,
+        # the compositor reads passes beyond Combined: every tile renders them all
+        compositor=report.compositor,
     )
     return spec, warnings
 

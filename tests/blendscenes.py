@@ -28,6 +28,7 @@ def make_scene(
     seconds_per_frame_hint: float | None = None,
     linked_library: Path | None = None,
     passes: bool = False,
+    compositor: bool = False,
 ) -> Path:
     """Build and save a tiny Cycles scene at ``path``; return ``path``.
 
@@ -42,6 +43,9 @@ def make_scene(
     so the scene depends on an external library file.
     ``passes``: enable a set of view-layer passes (depth, normal, diffuse and glossy, emission,
     ambient occlusion, object index, mist) and Cryptomatte (object, material).
+    ``compositor``: the scene composites: Render Layers' Image times its Ambient Occlusion pass
+    (read by a Render Layers node inside a node group), a Hue/Saturation/Value node, then a flat
+    colour mixed in by the Cube's Cryptomatte matte (enables the AO and Cryptomatte passes).
     ``seconds_per_frame_hint``: replace ``samples`` by a count measured on this machine to make
     one frame take about that long (approximate; costs three small renders while building).
     """
@@ -59,6 +63,7 @@ def make_scene(
         "seconds_per_frame_hint": seconds_per_frame_hint,
         "linked_library": str(Path(linked_library).absolute()) if linked_library else None,
         "passes": passes,
+        "compositor": compositor,
     }
     proc = subprocess.run(
         [sys.executable, str(_SCRIPT), json.dumps(spec)],
@@ -79,9 +84,14 @@ def make_scene(
 
 
 def render_reference(
-    blend: Path, out_path: Path, file_format: str = "PNG", quality: int | None = None
+    blend: Path,
+    out_path: Path,
+    file_format: str = "PNG",
+    quality: int | None = None,
+    compositing: bool = False,
 ) -> Path:
-    """Render ``blend``'s whole frame the plain Blender way (denoising and compositing off).
+    """Render ``blend``'s whole frame the plain Blender way (denoising off; compositing off
+    unless ``compositing``).
 
     The image is written by Blender itself (``write_still``), with the scene's colour
     management: the reference for what the farm's own output must look like.
@@ -92,6 +102,7 @@ def render_reference(
         "out_path": str(Path(out_path).absolute()),
         "file_format": file_format,
         "quality": quality,
+        "compositing": compositing,
     }
     proc = subprocess.run(
         [sys.executable, str(_SCRIPT), json.dumps(request)],

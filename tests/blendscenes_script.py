@@ -127,6 +127,9 @@ def build(spec: dict[str, Any]) -> None:
         ):  # fmt: skip
             setattr(layer, name, True)
 
+    if spec.get("compositor"):
+        _add_compositor(scene)
+
     path = Path(spec["path"])
     path.parent.mkdir(parents=True, exist_ok=True)
     if spec["missing_texture"]:
@@ -146,6 +149,52 @@ def build(spec: dict[str, Any]) -> None:
         scene.cycles.samples = _calibrated_samples(scene, float(spec["seconds_per_frame_hint"]))
 
     bpy.ops.wm.save_as_mainfile(filepath=str(path))
+
+
+def _add_compositor(scene: Any) -> None:
+    """Render Layers' Image x Ambient Occlusion (read inside a node group), Hue/Saturation, then
+    the Cube's Cryptomatte matte mixes in a flat colour."""
+    layer = scene.view_layers[0]
+    layer.use_pass_ambient_occlusion = True
+    layer.use_pass_cryptomatte_object = True
+    group = bpy.data.node_groups.new("AO", "CompositorNodeTree")
+    group.interface.new_socket("AO", in_out="OUTPUT", socket_type="NodeSocketColor")
+    inner = group.nodes.new("CompositorNodeRLayers")
+    group.links.new(
+        inner.outputs["Ambient Occlusion"], group.nodes.new("NodeGroupOutput").inputs[0]
+    )
+
+    tree = bpy.data.node_groups.new("Compositing", "CompositorNodeTree")
+    tree.interface.new_socket("Image", in_out="OUTPUT", socket_type="NodeSocketColor")
+    scene.compositing_node_group = tree
+    layers = tree.nodes.new("CompositorNodeRLayers")
+    ao = tree.nodes.new("CompositorNodeGroup")
+    ao.node_tree = group
+    multiply = _mix(tree, "MULTIPLY", 0.7, layers.outputs["Image"], ao.outputs[0])
+    hsv = tree.nodes.new("CompositorNodeHueSat")
+    hsv.inputs["Saturation"].default_value = 1.6
+    tree.links.new(multiply, hsv.inputs[0])
+    matte = tree.nodes.new("CompositorNodeCryptomatteV2")
+    matte.layer_name = "ViewLayer.CryptoObject"
+    matte.matte_id = "Cube"
+    tree.links.new(layers.outputs["Image"], matte.inputs["Image"])
+    flat = tree.nodes.new("CompositorNodeRGB")
+    flat.outputs[0].default_value = (0.1, 0.8, 0.3, 1.0)
+    mixed = _mix(tree, "MIX", 0.0, hsv.outputs["Image"], flat.outputs[0])
+    tree.links.new(matte.outputs["Matte"], mixed.node.inputs["Factor"])
+    tree.links.new(mixed, tree.nodes.new("NodeGroupOutput").inputs[0])
+
+
+def _mix(tree: Any, blend: str, factor: float, a: Any, b: Any) -> Any:
+    """A colour Mix node of sockets ``a`` and ``b``; returns its result socket."""
+    mix = tree.nodes.new("ShaderNodeMix")
+    mix.data_type = "RGBA"
+    mix.blend_type = blend
+    mix.inputs["Factor"].default_value = factor
+    by_id = {s.identifier: s for s in mix.inputs}
+    tree.links.new(a, by_id["A_Color"])
+    tree.links.new(b, by_id["B_Color"])
+    return next(s for s in mix.outputs if s.identifier == "Result_Color")
 
 
 def _calibrated_samples(scene: Any, seconds: float) -> int:
@@ -183,7 +232,7 @@ def render_reference(spec: dict[str, Any]) -> None:
     scene.render.engine = "CYCLES"
     scene.cycles.device = "CPU"
     scene.cycles.use_denoising = False
-    scene.render.use_compositing = False
+    scene.render.use_compositing = bool(spec.get("compositing"))
     scene.render.use_sequencer = False
     settings = scene.render.image_settings
     settings.media_type = "IMAGE"

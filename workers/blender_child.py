@@ -304,44 +304,101 @@ class Session:
     # -- converting to delivery formats
 
     def convert(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Write the frame as each output; a scene that composites gets its compositor's result.
+
+        ``exr_in`` is the linear RGBA frame; ``layers_in`` (the stitched multilayer EXR of every
+        pass) is what the compositor reads in place of its Render Layers nodes.
+        """
         self.open(req["path"])
         scene = bpy.context.scene
+        tree = _compositor_tree(scene, self.saved)
+        if tree is not None:
+            return self._convert_composited(scene, tree, req)
         settings = scene.render.image_settings
         saved = _image_settings(settings)
         image = bpy.data.images.load(str(Path(req["exr_in"]).absolute()), check_existing=False)
-        written = []
         try:
-            for out in req["outputs"]:
-                fmt = str(out["format"]).upper()
-                target = Path(out["path"]).absolute()
-                ext = {"PNG": ".png", "JPEG": ".jpg", "OPEN_EXR": ".exr"}.get(fmt, ".img")
-                tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp{ext}")
-                settings.media_type = "IMAGE"
-                try:
-                    settings.file_format = fmt
-                    settings.color_mode = "RGB" if fmt == "JPEG" else "RGBA"
-                    if "color_depth" in out and fmt != "JPEG":
-                        settings.color_depth = str(out["color_depth"])
-                    if "quality" in out:
-                        settings.quality = int(out["quality"])
-                    if fmt == "OPEN_EXR":
-                        settings.exr_codec = "ZIP"
-                except TypeError as exc:
-                    raise ChildError(
-                        "bad_parameter", f"output {target.name}: {exc}", path=str(target)
-                    ) from None
-                try:
-                    # save_render applies the scene's view transform, look, exposure and
-                    # display (or the output's override), as a final render's file gets.
-                    image.save_render(str(tmp), scene=scene)
-                    os.replace(tmp, target)
-                finally:
-                    tmp.unlink(missing_ok=True)
-                written.append(str(target))
+            return {"outputs": _save_outputs(image, scene, req["outputs"])}
         finally:
             bpy.data.images.remove(image)
             _restore_image_settings(settings, saved)
-        return {"outputs": written}
+
+    def _convert_composited(self, scene: Any, tree: Any, req: dict[str, Any]) -> dict[str, Any]:
+        """Run the scene's compositor on the stitched passes, then save its result."""
+        if not req.get("layers_in"):
+            raise ChildError(
+                "bad_parameter",
+                f"scene {scene.name!r} composites its render (node tree {tree.name!r}): "
+                "its outputs need the frame's passes, which this job did not render",
+            )
+        layers_in = Path(req["layers_in"]).absolute()
+        width, height = read_size(layers_in)
+        render = scene.render
+        names = ("resolution_x", "resolution_y", "resolution_percentage", "use_border",
+                 "use_crop_to_border", "use_compositing", "use_sequencer", "use_stamp")  # fmt: skip
+        saved_render = {name: getattr(render, name) for name in names}
+        settings = render.image_settings
+        saved_settings = _image_settings(settings)
+        image = bpy.data.images.load(str(layers_in), check_existing=False)
+        copies: dict[int, Any] = {}
+        try:
+            scene.compositing_node_group = _fed_copy(tree, image, scene, copies)
+            render.resolution_x, render.resolution_y = width, height
+            render.resolution_percentage = 100
+            render.use_border = render.use_crop_to_border = False
+            render.use_compositing = True
+            render.use_sequencer = False
+            render.use_stamp = False
+            if "frame" in req:
+                scene.frame_set(int(req["frame"]))
+            t0 = time.perf_counter()
+            # No Render Layers node is left, so Blender renders nothing and only composites.
+            bpy.ops.render.render(write_still=False, scene=scene.name)
+            log("composited", tree=tree.name, s=round(time.perf_counter() - t0, 4))
+            result = bpy.data.images["Render Result"]
+            return {"outputs": _save_outputs(result, scene, req["outputs"]), "composited": True}
+        finally:
+            scene.compositing_node_group = tree
+            for name, value in saved_render.items():
+                setattr(render, name, value)
+            _restore_image_settings(settings, saved_settings)
+            for copy in copies.values():
+                bpy.data.node_groups.remove(copy)
+            bpy.data.images.remove(image)
+
+
+def _save_outputs(image: Any, scene: Any, outputs: list[dict[str, Any]]) -> list[str]:
+    """Save ``image`` as each requested output file (format, depth, quality)."""
+    settings = scene.render.image_settings
+    written = []
+    for out in outputs:
+        fmt = str(out["format"]).upper()
+        target = Path(out["path"]).absolute()
+        ext = {"PNG": ".png", "JPEG": ".jpg", "OPEN_EXR": ".exr"}.get(fmt, ".img")
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp{ext}")
+        settings.media_type = "IMAGE"
+        try:
+            settings.file_format = fmt
+            settings.color_mode = "RGB" if fmt == "JPEG" else "RGBA"
+            if "color_depth" in out and fmt != "JPEG":
+                settings.color_depth = str(out["color_depth"])
+            if "quality" in out:
+                settings.quality = int(out["quality"])
+            if fmt == "OPEN_EXR":
+                settings.exr_codec = "ZIP"
+        except TypeError as exc:
+            raise ChildError(
+                "bad_parameter", f"output {target.name}: {exc}", path=str(target)
+            ) from None
+        try:
+            # save_render applies the scene's view transform, look, exposure and
+            # display (or the output's override), as a final render's file gets.
+            image.save_render(str(tmp), scene=scene)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        written.append(str(target))
+    return written
 
 
 def _blender_message(exc: BaseException) -> str:
@@ -386,6 +443,8 @@ def _prepare_scene(
 def _file_settings(scene: Any) -> dict[str, Any]:
     """The settings a render request may change, as the file has them."""
     return {
+        # tiles render with compositing off; converting asks whether the file composites
+        "compositing": bool(scene.render.use_compositing),
         "adaptive": bool(scene.cycles.use_adaptive_sampling),
         "denoising_passes": {
             vl.name: bool(vl.cycles.denoising_store_passes) for vl in scene.view_layers
@@ -418,6 +477,96 @@ def _prepare_passes(scene: Any, saved: dict[str, Any], req: dict[str, Any]) -> l
             vl.name, False
         )
     return [vl.name for vl in scene.view_layers if vl.use]
+
+
+def _compositor_tree(scene: Any, saved: dict[str, Any]) -> Any:
+    """The compositor node tree a final render of ``scene`` runs, or None when it runs none.
+
+    Blender 5 keeps it in ``scene.compositing_node_group``; a tree whose output is linked to
+    nothing composites nothing.
+    """
+    if not saved.get("compositing", bool(scene.render.use_compositing)):
+        return None
+    tree = scene.compositing_node_group
+    if tree is None:
+        return None
+    outputs = [n for n in tree.nodes if n.bl_idname == "NodeGroupOutput"]
+    if not any(socket.is_linked for node in outputs for socket in node.inputs):
+        return None
+    return tree
+
+
+def _fed_copy(tree: Any, image: Any, scene: Any, copies: dict[int, Any]) -> Any:
+    """A copy of the compositor ``tree`` that reads the stitched passes (``image``, a multilayer
+    EXR) instead of a render: each Render Layers node becomes an Image node, its outputs linked
+    where the Render Layers' were; Cryptomatte nodes read the image; node groups are copied the
+    same way. Every copy made is in ``copies`` (original's pointer -> copy), for removal."""
+    key = tree.as_pointer()
+    if key in copies:
+        return copies[key]
+    copy = copies[key] = tree.copy()
+    for node in list(copy.nodes):
+        kind = node.bl_idname
+        if kind == "CompositorNodeRLayers":
+            _check_own_scene(node, scene)
+            _feed_render_layers(copy, node, image)
+        elif kind == "CompositorNodeCryptomatteV2" and node.source == "RENDER":
+            _check_own_scene(node, scene)
+            layer_name = node.layer_name
+            node.source = "IMAGE"
+            node.image = image
+            try:
+                node.layer_name = layer_name
+            except TypeError:
+                raise ChildError(
+                    "bad_parameter",
+                    f"compositor node {node.name!r} reads Cryptomatte {layer_name!r}, which the "
+                    "frame's passes do not hold (enable it in the view layer)",
+                ) from None
+        elif kind == "CompositorNodeOutputFile":
+            # it would write files on the worker, outside the job's outputs
+            node.mute = True
+        elif getattr(node, "node_tree", None) is not None:
+            node.node_tree = _fed_copy(node.node_tree, image, scene, copies)
+    return copy
+
+
+def _check_own_scene(node: Any, scene: Any) -> None:
+    if node.scene is not None and node.scene != scene:
+        raise ChildError(
+            "bad_parameter",
+            f"compositor node {node.name!r} reads scene {node.scene.name!r}: the farm "
+            f"composites only scene {scene.name!r}'s own render",
+        )
+
+
+def _feed_render_layers(tree: Any, node: Any, image: Any) -> None:
+    feed = tree.nodes.new("CompositorNodeImage")
+    feed.image = image
+    if node.layer:
+        try:
+            feed.layer = node.layer
+        except TypeError:
+            raise ChildError(
+                "bad_parameter",
+                f"compositor node {node.name!r} reads view layer {node.layer!r}, "
+                "which the frame's passes do not hold",
+            ) from None
+    feed.location = node.location
+    for link in list(tree.links):
+        if link.from_node != node:
+            continue
+        # the Render Layers' "Image" is the image's Combined pass
+        name = "Combined" if link.from_socket.name == "Image" else link.from_socket.name
+        source = feed.outputs.get(name)
+        if source is None:
+            raise ChildError(
+                "bad_parameter",
+                f"compositor node {node.name!r} uses the {link.from_socket.name!r} pass, "
+                "which the frame's passes do not hold (enable it in the view layer)",
+            )
+        tree.links.new(source, link.to_socket)
+    tree.nodes.remove(node)
 
 
 def _image_settings(settings: Any) -> dict[str, Any]:
@@ -547,7 +696,7 @@ def _inspect(path: str) -> dict[str, Any]:
             scripts.append(f"driver on {where}: {driver.expression}")
     autoexec_fail = bool(bpy.app.autoexec_fail)
     version = bpy.data.version
-    return {
+    report: dict[str, Any] = {
         "path": path,
         "version": f"{version[0]}.{version[1]}",
         "scene": scene.name,
@@ -572,6 +721,11 @@ def _inspect(path: str) -> dict[str, Any]:
         "scripts": scripts,
         "vram_estimate_mib": _vram_estimate_mib(scene),
     }
+    if _compositor_tree(scene, {}) is not None:
+        # PNG and JPEG take the compositor's result, made from the stitched passes; absent
+        # (InspectionReport.compositor False) for a scene without one, as in older reports
+        report["compositor"] = True
+    return report
 
 
 #: what Cycles holds per triangle (geometry plus BVH) and per vertex, in bytes, and what a

@@ -273,17 +273,26 @@ class BlenderChild(lifetime.ChildHandle):
         exr_in: Path,
         outputs: Sequence[dict[str, Any]],
         timeout_s: float,
+        *,
+        layers_in: Path | None = None,
+        frame: int | None = None,
     ) -> dict[str, Any]:
         """Write ``exr_in`` (a linear frame) as each output, with the scene's colour management.
 
         Each output is ``{"path", "format": "PNG"|"JPEG"|"OPEN_EXR", "color_depth", "quality"}``.
+        When the scene composites, the outputs are its compositor's result for ``frame``, fed
+        from ``layers_in`` (the frame's multilayer EXR of every pass) instead of a render.
         """
-        request = {
+        request: dict[str, Any] = {
             "op": "convert",
             "path": str(path),
             "exr_in": str(exr_in),
             "outputs": [{**o, "path": str(o["path"])} for o in outputs],
         }
+        if layers_in is not None:
+            request["layers_in"] = str(layers_in)
+        if frame is not None:
+            request["frame"] = frame
         return self._call(request, timeout_s, f"converting {Path(exr_in).name}")
 
     # --- protocol ------------------------------------------------------------------------------

@@ -89,6 +89,12 @@ def frame_files(
     exr.write_rgba(image_file, rgba)
     if spec.passes and layered is not None:
         exr.write_layers(exr_file, layered)
+    # the passes the scene's compositor reads in place of a render
+    layers_file: Path | None = None
+    if spec.compositor and layered is not None:
+        layers_file = exr_file if spec.passes else work / "image-layers.exr"
+        if not spec.passes:
+            exr.write_layers(layers_file, layered)
     files, conversions = [], []
     for name in spec.formats:
         file_format, depth, ext = OUTPUT_FORMATS[name]
@@ -108,7 +114,9 @@ def frame_files(
             still = work / "preview-frame.png"
             conversions.append({"path": str(still), "format": "PNG", "color_depth": "8"})
     if conversions:
-        child.convert(blend, image_file, conversions, convert_timeout_s)
+        child.convert(
+            blend, image_file, conversions, convert_timeout_s, layers_in=layers_file, frame=frame
+        )
     return files, still
 
 
