@@ -22,6 +22,8 @@ from web.appkeys import SETTINGS, blocking, waiting
 from web.jobs import job_for
 
 FRAME_FILE = re.compile(r"frame_(\d+)\.([A-Za-z0-9]+)")
+#: files of the whole job delivered next to its frames: the animation's MP4 preview, the manifest
+JOB_FILES = ("preview.mp4", "manifest.json")
 #: preview formats, best first (a JPEG is the smallest of what the farm writes)
 PREVIEW_EXTS = ("jpg", "png")
 #: how long a presigned download link lives
@@ -37,12 +39,14 @@ def output_store(spec: JobSpec, settings: Settings) -> Storage:
 
 
 def frame_files(store: Storage) -> dict[int, dict[str, int]]:
-    """frame -> {file name: size} of every delivered frame file."""
+    """frame -> {file name: size} of every delivered file; the job's own files under 0."""
     out: dict[int, dict[str, int]] = {}
     for obj in store.list(""):
         m = FRAME_FILE.fullmatch(obj.key)
         if m:
             out.setdefault(int(m.group(1)), {})[obj.key] = obj.size
+        elif obj.key in JOB_FILES:
+            out.setdefault(0, {})[obj.key] = obj.size
     return out
 
 
@@ -64,6 +68,10 @@ async def list_frames(request: web.Request) -> web.Response:
     async with _output(request) as (job_id, _store, files):
         pass
     frames: list[dict[str, Any]] = []
+    job_files = [
+        {"name": name, "size": size, "url": f"/api/jobs/{job_id}/files/{name}"}
+        for name, size in sorted(files.pop(0, {}).items())
+    ]
     for frame in sorted(files):
         entries = [
             {"name": name, "size": size, "url": f"/api/jobs/{job_id}/frames/{frame}/{name}"}
@@ -76,7 +84,7 @@ async def list_frames(request: web.Request) -> web.Response:
                 "thumbnail": f"/api/jobs/{job_id}/frames/{frame}/thumbnail",
             }
         )
-    return web.json_response({"job_id": job_id, "frames": frames})
+    return web.json_response({"job_id": job_id, "frames": frames, "files": job_files})
 
 
 def _frame_number(request: web.Request) -> int:
@@ -97,15 +105,24 @@ async def frame_file(request: web.Request) -> web.StreamResponse:
     frame = _frame_number(request)
     name = request.match_info["file_name"]
     async with _output(request) as (job_id, store, files):
-        if name not in files.get(frame, {}):
+        if frame <= 0 or name not in files.get(frame, {}):
             raise NotFound(f"job {job_id} has no file {name!r} for frame {frame}")
+        return await _serve(request, store, name)
+
+
+async def job_file(request: web.Request) -> web.StreamResponse:
+    """A file of the whole job: the MP4 preview of an animation, the manifest."""
+    name = request.match_info["file_name"]
+    async with _output(request) as (job_id, store, files):
+        if name not in files.get(0, {}):
+            raise NotFound(f"job {job_id} has no file {name!r} (yet)")
         return await _serve(request, store, name)
 
 
 async def thumbnail(request: web.Request) -> web.StreamResponse:
     frame = _frame_number(request)
     async with _output(request) as (job_id, store, files):
-        names = files.get(frame, {})
+        names = files.get(frame, {}) if frame > 0 else {}
         for ext in PREVIEW_EXTS:
             for name in names:
                 if name.endswith("." + ext):
@@ -145,7 +162,8 @@ def _write_zip(sink: io.RawIOBase, store: Storage, names: list[str]) -> None:
 
 async def download_zip(request: web.Request) -> web.StreamResponse:
     async with _output(request) as (job_id, store, files):
-        names = [n for f in sorted(files) for n in sorted(files[f])]
+        # frames first, then the job's own files (preview, manifest)
+        names = [n for f in sorted(files, key=lambda f: (f == 0, f)) for n in sorted(files[f])]
         if not names:
             raise NotFound(f"job {job_id} has no finished frames to download yet")
         resp = web.StreamResponse(

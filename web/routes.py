@@ -125,8 +125,11 @@ def table() -> list[Route]:
           "a preview image of a finished frame", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/frames/{frame}/{file_name}", downloads.frame_file,
           "one frame file", tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/files/{file_name}", downloads.job_file,
+          "a file of the whole job: the animation's MP4 preview, the manifest", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/download.zip", downloads.download_zip,
-          "every finished frame file as one zip (streamed)", tags=("jobs",)),
+          "every finished frame file, the preview and the manifest as one zip (streamed)",
+          tags=("jobs",)),
         # streams
         R("GET", "/api/streams/apps", streams.apps, "the stream app catalog",
           tags=("streams",)),

@@ -149,12 +149,21 @@ async def test_upload_inspect_submit_watch_and_download(
         assert (await png.read()).startswith(b"\x89PNG")
         thumb = await client.get(frames["frames"][1]["thumbnail"], headers=alice)
         assert (await thumb.read()).startswith(b"\xff\xd8\xff")
+        # the animation's MP4 preview and the manifest come with the job, not with a frame
+        assert [f["name"] for f in frames["files"]] == ["manifest.json", "preview.mp4"]
+        mp4 = await client.get(frames["files"][1]["url"], headers=alice)
+        mp4_bytes = await mp4.read()
+        assert mp4.status == 200 and mp4_bytes[4:8] == b"ftyp"
+        missing = await client.get(f"/api/jobs/{job_id}/files/frame_0001.png", headers=alice)
+        assert missing.status == 404
         archive = await client.get(f"/api/jobs/{job_id}/download.zip", headers=alice)
         assert archive.status == 200
         with zipfile.ZipFile(io.BytesIO(await archive.read())) as zf:
-            assert sorted(zf.namelist()) == sorted(
+            assert zf.namelist()[-2:] == ["manifest.json", "preview.mp4"]
+            assert sorted(zf.namelist()[:-2]) == sorted(
                 f"frame_000{f}.{ext}" for f in (1, 2) for ext in ("exr", "jpg", "png")
             )
             assert zf.read("frame_0001.png") == await png.read()
+            assert zf.read("preview.mp4") == mp4_bytes
         logs = await (await client.get(f"/api/jobs/{job_id}/logs", headers=alice)).json()
         assert any("frame_done frame 2" in line for line in logs["lines"])

@@ -91,6 +91,14 @@ async function loadFiles() {
   try {
     const data = await api(base + "/frames");
     showFiles(data.frames);
+    // the animation's MP4 preview, delivered with its last frame
+    const mp4 = (data.files || []).find((f) => f.name === "preview.mp4");
+    const link = $("#preview-mp4");
+    if (mp4 && link) {
+      link.href = mp4.url;
+      link.title = `H.264 preview of every frame · ${fmtBytes(mp4.size)}`;
+      link.hidden = false;
+    }
   } catch (e) {
     /* no frames yet */
   }
