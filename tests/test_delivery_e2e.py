@@ -97,6 +97,7 @@ def test_a_job_with_uploads_and_tiles_in_s3_delivers_every_frame_intact(
         exr_path.write_bytes(target_bytes(manifest, "frame_0002.exr"))
         assert exr.read_rgba(exr_path).shape == (41, 67, 4)
         assert store.list(f"jobs/{job_id}/tiles/") == [], "tiles are removed after assembly"
+        assert store.list(f"jobs/{job_id}/preview/") == [], "so are the MP4's stills"
         assert store.exists(source.location), "the upload stays"
         head = boto3.client("s3", endpoint_url=s3_endpoint).head_object(
             Bucket=bucket, Key="renders/shot1/frame_0001.png"

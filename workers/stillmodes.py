@@ -120,8 +120,13 @@ def frame_files(
     return files, still
 
 
+def preview_prefix(job_id: str) -> str:
+    """Where a job's preview stills wait for the MP4 (temporary, like its tiles)."""
+    return f"jobs/{job_id}/preview"
+
+
 def preview_key(job_id: str, frame: int) -> str:
-    return f"jobs/{job_id}/preview/{frame_file_name(frame, '.png')}"
+    return f"{preview_prefix(job_id)}/{frame_file_name(frame, '.png')}"
 
 
 def animation_preview(

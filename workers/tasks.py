@@ -305,6 +305,9 @@ def assemble_frame(job_id: str, frame: int) -> None:
         metrics.observe_job_end(ctx.store, job_id)
     if outcome == "ok" and ctx.settings.tile_retention == "delete":
         ctx.storage.delete_prefix(frame_tiles_key(job_id, frame))
+        if spec.preview and ctx.store.status(job_id).state == JobState.DONE:
+            # every frame is assembled, so no assembler still reads the MP4's stills
+            ctx.storage.delete_prefix(stillmodes.preview_prefix(job_id))
     log.info("event=frame_done job=%s frame=%d commit=%s", job_id, frame, outcome)
 
 
