@@ -187,6 +187,17 @@ class Viewer:
         self.estimate_bps = bps
         self.on_bitrate_estimate(self, bps)
 
+    async def round_trip_s(self) -> float | None:
+        """The round trip to this viewer from RTCP receiver reports (None before the first)."""
+        report = await self.pc.getStats()
+        trips = [
+            float(stat.roundTripTime)
+            for stat in report.values()
+            if getattr(stat, "type", "") == "remote-inbound-rtp"
+            and getattr(stat, "roundTripTime", None) is not None
+        ]
+        return trips[0] if trips else None
+
     async def close(self) -> None:
         self._closed = True
         self.track.stop()

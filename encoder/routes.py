@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 
+from encoder.observe import StreamMetrics
 from encoder.turn import ice_servers
+from farm import metrics
 from farm.errors import (
     BadParameter,
     FarmError,
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 STATIC = Path(__file__).resolve().parent / "static"
 SERVICE: web.AppKey[StreamService] = web.AppKey("stream_service")
+STREAM_METRICS: web.AppKey[StreamMetrics] = web.AppKey("stream_metrics", StreamMetrics)
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
           ".svg": "image/svg+xml"}  # fmt: skip
 
@@ -177,10 +180,18 @@ def _file(name: str) -> web.StreamResponse:
     )
 
 
+async def metrics_view(request: web.Request) -> web.Response:
+    """Prometheus metrics of this service (public, like every service's /metrics)."""
+    await request.app[STREAM_METRICS].update(request.app[SERVICE])
+    body, content_type = metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
 def create_app(service: StreamService) -> web.Application:
     """The aiohttp app of ``service``: the stream API of /tmp/plan/stream-contract.md."""
     app = web.Application(middlewares=[errors])
     app[SERVICE] = service
+    app[STREAM_METRICS] = StreamMetrics()
     app.add_routes(
         [
             web.get("/api/streams/apps", apps),
@@ -193,6 +204,7 @@ def create_app(service: StreamService) -> web.Application:
             web.post("/api/streams/sessions/{sid}/viewers", add_viewer),
             web.delete("/api/streams/sessions/{sid}/viewers/{vid}", remove_viewer),
             web.post("/api/streams/sessions/{sid}/control", control),
+            web.get("/metrics", metrics_view),
             web.get("/player", _static("player.html")),
             web.get("/player.js", _static("player.js")),
             web.get("/player.css", _static("player.css")),

@@ -71,6 +71,8 @@ class StreamSession:
         self.on_ended = on_ended
         self.project, self.owner = project, owner
         self.created = time.time()
+        #: the same moment on the monotonic clock (rates such as fps count from it)
+        self.created_monotonic = time.monotonic()
         self.state = SessionState.STARTING
         self.reason = ""
         self.viewers: dict[str, Viewer] = {}
