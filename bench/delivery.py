@@ -5,8 +5,9 @@ mode in its own process on 127.0.0.1) two ways, alternating which goes first:
 
 (a) baseline: plain boto3 ``upload_file`` of the same files, one after another;
 (b) the farm: ``farm.delivery.deliver_frame`` per frame, as an assembler does it (commit-once
-    PUT with the sha256 recorded, the check of the store's ETag against our MD5, the record in
-    Redis), then the job's manifest with presigned URLs.
+    PUT with the sha256 recorded and a CRC32, checked against the store's answer, or its ETag
+    against our MD5 where it answers no CRC32, as moto does; the record in Redis), then the
+    job's manifest with presigned URLs.
 
 The two take turns frame by frame, so both see the same machine.
 

@@ -50,8 +50,9 @@ class Settings:
     """FARM_S3_KMS_KEY_ID: the KMS key for ``aws:kms``; empty = the account's S3 key."""
 
     s3_checksum: str = "when_supported"
-    """FARM_S3_CHECKSUM: ``when_supported`` (boto3's default CRC32 on every upload) or
-    ``when_required`` for stores that reject it; Content-MD5 is sent either way."""
+    """FARM_S3_CHECKSUM: ``when_supported`` (a CRC32 with every upload, checked against the
+    one the store answers, or its ETag against our MD5 where it answers none) or
+    ``when_required`` for stores that reject CRC32 (Content-MD5 sent, ETag checked)."""
 
     s3_multipart_threshold_mib: int = 16
     """FARM_S3_MULTIPART_THRESHOLD_MIB: objects this large or larger go up in parts."""

@@ -18,6 +18,7 @@ from farm.jobstore import JobStore
 from farm.models import Event, JobSpec, JobStatus
 from farm.queue import RenderQueue
 from farm.redisclient import guard
+from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState
 from web import intake, jsonio
 from web.appkeys import CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
@@ -109,6 +110,15 @@ async def job_for(request: web.Request, at_least: str = "viewer") -> JobStatus:
 # --- submit -------------------------------------------------------------------------------
 
 
+def job_output(settings: Settings, project: str) -> str:
+    """Where a web-submitted job's frames go: under the farm's own storage, so that every
+    worker and web instance reaches them (an S3 prefix, or the shared folder)."""
+    name = f"outputs/{project}/{uuid.uuid4().hex}"
+    if settings.storage_url:
+        return f"{settings.storage_url.rstrip('/')}/{name}"
+    return str(settings.storage_dir / name)
+
+
 async def submit_job(request: web.Request) -> web.Response:
     body = await jsonio.read_object(request, body_fields(), required=("project", "upload_id"))
     project = body.pop("project")
@@ -121,7 +131,7 @@ async def submit_job(request: web.Request) -> web.Response:
     role = role_in(request, project, "member")
     app = request.app
     settings = app[SETTINGS]
-    output = str(settings.storage_dir / "outputs" / project / uuid.uuid4().hex)
+    output = job_output(settings, project)
     try:
         req = build_request({**body, "project": project}, output)
     except TypeError as exc:

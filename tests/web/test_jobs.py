@@ -185,3 +185,16 @@ async def test_frames_delivered_to_s3_download_by_presigned_link_and_zip(
         archive = await client.get(f"/api/jobs/{job_id}/download.zip", headers=alice)
         with zipfile.ZipFile(io.BytesIO(await archive.read())) as zf:
             assert zf.read("frame_0001.jpg") == b"\xff\xd8\xff frame one"
+
+
+def test_web_jobs_deliver_under_the_farm_storage_s3_included(tmp_path: Path) -> None:
+    from farm.settings import Settings
+    from web.jobs import job_output
+
+    local = job_output(Settings().with_(storage_dir=tmp_path), "A")
+    assert local.startswith(str(tmp_path / "outputs" / "A") + "/")
+    # with S3 storage every worker and web instance reaches the frames: never a local folder
+    s3 = job_output(Settings().with_(storage_url="s3://farm/prod/"), "A")
+    assert s3.startswith("s3://farm/prod/outputs/A/") and s3 != job_output(
+        Settings().with_(storage_url="s3://farm/prod/"), "A"
+    )
