@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -60,17 +59,9 @@ class LocalWorkers:
     def _spawn(self, name: str) -> None:
         self.spawned_at[name] = time.monotonic()
         env = {**os.environ, **self.settings.to_env()}
-        with (self.log_dir / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "farm", "worker", "--name", name],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                # its own session: a terminal's Ctrl-C reaches the CLI, which stops workers itself
-                start_new_session=True,
-                preexec_fn=lifetime.die_with_parent(signal.SIGTERM),
-            )
+        self.procs[name] = lifetime.spawn_farm(
+            ["worker", "--name", name], env, self.log_dir / f"{name}.log"
+        )
 
     def check(self, note: Callable[[str], None]) -> None:
         """Restart any worker that died; its tile is requeued by the recovery sweep.
@@ -111,13 +102,7 @@ class LocalWorkers:
         their Redis is about to be discarded, so a graceful exit has nothing to save. A failed
         or canceled job may still have an assembly writing into the output folder.
         """
-        sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(sig)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            lifetime.stop(proc, max(0.1, deadline - time.monotonic()))
+        lifetime.stop_all(self.procs.values(), grace_s)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -42,6 +45,40 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
+
+
+def spawn_farm(
+    args: Sequence[str], env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``farm ARGS...`` as a child process, its output appended to ``log_path``.
+
+    It gets its own session, so a terminal's Ctrl-C reaches only this process, which stops it
+    (``stop_all``), and it receives SIGTERM if this process dies first.
+    """
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "farm", *args],
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
+        )
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    """Signal every process at once (SIGTERM; SIGKILL when ``grace_s`` is 0), then reap them
+    all within one shared ``grace_s``, SIGKILLing those still running past it."""
+    procs = list(procs)
+    sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        stop(proc, max(0.1, deadline - time.monotonic()))
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0, sig: int = signal.SIGTERM) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,25 +56,12 @@ class StreamServices:
         ]
         env = {**os.environ, **self.settings.to_env(), "FARM_STREAM_PORT": "0"}
         for i, args in enumerate(devices):
-            with (self.log_dir / f"stream-{i}.log").open("ab") as out:
-                self.procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "farm", "stream", *args],
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        preexec_fn=lifetime.die_with_parent(signal.SIGTERM),
-                    )
-                )
+            log_path = self.log_dir / f"stream-{i}.log"
+            self.procs.append(lifetime.spawn_farm(["stream", *args], env, log_path))
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            lifetime.stop(proc, STOP_GRACE_S)
+        # one shared grace for all of them (each stopped in turn could take N times as long)
+        lifetime.stop_all(self.procs, STOP_GRACE_S)
 
 
 def up(settings: Settings, data_dir: Path, out: TextIO = sys.stderr) -> None:
