@@ -12,7 +12,8 @@ import redis
 from farm.redisserver import RedisServer
 
 REPO = Path(__file__).resolve().parent.parent
-TESTDATA = REPO.parent / "shared" / "testdata" / "blend"
+#: real .blend files saved by other people's Blender (tests/data/blend/README.md: source, licence)
+TESTDATA = REPO / "tests" / "data" / "blend"
 
 
 @pytest.fixture(scope="session")

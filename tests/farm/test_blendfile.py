@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 
 from farm.blendfile import BlendInfo, check_blend
 from farm.errors import BadBlendFile
+from tests.conftest import TESTDATA
 
-TESTDATA = Path("/work/shared/testdata/blend")
 REAL_FILES = [
     ("01_missing_textures.blend", "2.79"),
     ("01_principled_material.blend", "2.79"),
     ("12_anim_range_driver.blend", "3.3"),
 ]
-needs_testdata = pytest.mark.skipif(not TESTDATA.is_dir(), reason="shared testdata not mounted")
 
 SAVE_SCRIPT = """
 import sys
@@ -70,7 +69,6 @@ def rejected(path: Path) -> BadBlendFile:
 # --- files that pass --------------------------------------------------------------------------
 
 
-@needs_testdata
 @pytest.mark.parametrize(("name", "version"), REAL_FILES)
 def test_real_old_files_pass(name: str, version: str) -> None:
     path = TESTDATA / name
@@ -99,7 +97,6 @@ def test_blender5_files_pass_compressed_and_not(blend5: dict[str, Path]) -> None
     assert infos["zstd"].size_bytes < infos["none"].size_bytes
 
 
-@needs_testdata
 def test_gzipped_old_file_passes(tmp_path: Path) -> None:
     raw = (TESTDATA / "12_anim_range_driver.blend").read_bytes()
     info = check_blend(write(tmp_path, gzip.compress(raw)))
@@ -307,7 +304,6 @@ def test_empty_file(tmp_path: Path) -> None:
     assert error.message == "upload.blend is empty (0 bytes); save it again or re-upload"
 
 
-@needs_testdata
 def test_png_image(tmp_path: Path) -> None:
     error = rejected(TESTDATA / "01_principled_normal.png")
     assert (

@@ -28,11 +28,11 @@ from farm.errors import (
 )
 from farm.tiling import Rect, TileGrid, plan_tiles
 from tests.blendscenes import make_scene, render_reference
+from tests.conftest import TESTDATA
 from workers.child import BlenderChild
 from workers.exr import read_rgba
 from workers.stitching import stitch
 
-TESTDATA = Path(__file__).resolve().parents[3] / "shared" / "testdata" / "blend"
 W, H = 67, 41
 #: far more samples than a test can wait for: a render that is still running when we act
 ENDLESS_SAMPLES = 10_000_000
