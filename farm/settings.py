@@ -209,6 +209,43 @@ class Settings:
     turn_ttl_s: float = 3600.0
     """FARM_TURN_TTL_S: lifetime of the TURN credentials handed to a viewer."""
 
+    # --- H1: stream sandbox and stream service authentication ---------------------------------
+
+    sandbox: str = "bwrap"
+    """FARM_SANDBOX: how members' programs (stream apps, the Blender child) are confined:
+    ``bwrap`` (bubblewrap namespaces, an unprivileged uid, a cgroup each) or ``none`` (they run
+    as the service's own user: only for a single-user machine, logged loudly at start)."""
+
+    sandbox_uid: int = 64000
+    """FARM_SANDBOX_UID: the host uid sandboxed programs run as (not the service's)."""
+
+    sandbox_gid: int = 64000
+    """FARM_SANDBOX_GID: the host gid sandboxed programs run as."""
+
+    sandbox_cgroup: str = ""
+    """FARM_SANDBOX_CGROUP: a delegated cgroup v2 folder holding the sandboxes' cgroups; empty =
+    under the service's own cgroup (v1 memory/pids/cpu where mounted, else v2)."""
+
+    stream_memory_mib: int = 2048
+    """FARM_STREAM_MEMORY_MIB: memory (RAM + swap) of one stream session's display and app; a
+    catalog entry's ``memory_mib`` overrides it; 0 = no limit."""
+
+    stream_pids: int = 256
+    """FARM_STREAM_PIDS: processes and threads one stream session's app may have; a catalog
+    entry's ``pids`` overrides it; 0 = no limit."""
+
+    stream_cpu_cores: float = 2.0
+    """FARM_STREAM_CPU_CORES: CPU one stream session's app may use (cores); a catalog entry's
+    ``cpu_cores`` overrides it; 0 = no limit."""
+
+    stream_secret: str = ""
+    """FARM_STREAM_SECRET: the secret the web signs stream tokens with and the stream service
+    checks them with (HMAC-SHA256); operators call the service with an operator token made
+    from it. `farm up` generates one; the service refuses to start without it."""
+
+    stream_token_ttl_s: float = 300.0
+    """FARM_STREAM_TOKEN_TTL_S: lifetime of a stream token the web signs (one per request)."""
+
     metrics_port: int = 0
     """FARM_METRICS_PORT: port of a render worker's Prometheus /metrics server; 0 = none (the
     web and the stream service serve /metrics on their own port)."""
@@ -291,6 +328,8 @@ class Settings:
             )
         if self.nvenc not in NVENC_MODES:
             raise BadParameter(f"FARM_NVENC {self.nvenc!r} is not one of {', '.join(NVENC_MODES)}")
+        if self.sandbox not in SANDBOX_MODES:
+            raise BadParameter(f"FARM_SANDBOX {self.sandbox!r} is not one of bwrap, none")
         if self.stream_min_kbps > self.stream_max_kbps:
             raise BadParameter(
                 f"FARM_STREAM_MIN_KBPS ({self.stream_min_kbps}) is above FARM_STREAM_MAX_KBPS "
@@ -365,6 +404,16 @@ ENV: dict[str, tuple[str, type, float]] = {
     "turn_urls": ("FARM_TURN_URLS", str, 0),
     "turn_secret": ("FARM_TURN_SECRET", str, 0),
     "turn_ttl_s": ("FARM_TURN_TTL_S", float, 60.0),
+    # H1: stream sandbox and stream service authentication
+    "sandbox": ("FARM_SANDBOX", str, 0),
+    "sandbox_uid": ("FARM_SANDBOX_UID", int, 1),
+    "sandbox_gid": ("FARM_SANDBOX_GID", int, 1),
+    "sandbox_cgroup": ("FARM_SANDBOX_CGROUP", str, 0),
+    "stream_memory_mib": ("FARM_STREAM_MEMORY_MIB", int, 0),
+    "stream_pids": ("FARM_STREAM_PIDS", int, 0),
+    "stream_cpu_cores": ("FARM_STREAM_CPU_CORES", float, 0.0),
+    "stream_secret": ("FARM_STREAM_SECRET", str, 0),
+    "stream_token_ttl_s": ("FARM_STREAM_TOKEN_TTL_S", float, 5.0),
     "stop_grace_s": ("FARM_STOP_GRACE_S", float, 0),
     "web_host": ("FARM_WEB_HOST", str, 0),
     "web_port": ("FARM_WEB_PORT", int, 0),
@@ -388,6 +437,8 @@ STORAGE_CHOICES: dict[str, tuple[str, ...]] = {
 PRESIGN_MAX_S = 7 * 86400
 #: FARM_NVENC policies: where the stream service encodes with h264_nvenc
 NVENC_MODES = ("auto", "require", "fake", "off")
+#: FARM_SANDBOX: bubblewrap, or none (an operator's explicit choice on a single-user machine)
+SANDBOX_MODES = ("bwrap", "none")
 #: Cycles compute backends in the order a worker prefers them
 GPU_BACKENDS = ("OPTIX", "CUDA", "HIP", "ONEAPI", "METAL")
 
