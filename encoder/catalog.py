@@ -29,6 +29,16 @@ class App:
     width: int = 1280
     height: int = 720
     fps: int = 60
+    network: bool = False
+    """The app's sandbox shares the host's network (else it has none at all)."""
+    desktop: bool = False
+    """A desktop-like app (a shell, a terminal): launched by project admins only."""
+    memory_mib: int | None = None
+    """Memory limit of the session's sandbox; None = FARM_STREAM_MEMORY_MIB."""
+    pids: int | None = None
+    """Process limit of the session's sandbox; None = FARM_STREAM_PIDS."""
+    cpu_cores: float | None = None
+    """CPU limit of the session's sandbox; None = FARM_STREAM_CPU_CORES."""
 
     @property
     def needs_display(self) -> bool:
@@ -41,6 +51,8 @@ class App:
             "width": self.width,
             "height": self.height,
             "fps": self.fps,
+            "network": self.network,
+            "desktop": self.desktop,
         }
 
     def sized(self, width: int | None, height: int | None, fps: int | None) -> App:
@@ -68,12 +80,20 @@ def check_geometry(width: int, height: int, fps: int) -> None:
         raise BadParameter(f"width and height must be even, not {width}x{height}")
 
 
+#: the fields an app of FARM_STREAM_APPS may have
+FIELDS = frozenset(
+    {"name", "title", "command", "width", "height", "fps", "network", "desktop", "memory_mib",
+     "pids", "cpu_cores"}
+)  # fmt: skip
+
+
 def builtin_apps() -> list[App]:
     return [
         App(
             "desktop",
             "Desktop (Openbox + terminal)",
             ("sh", "-c", "openbox & exec xterm -geometry 100x30+40+40"),
+            desktop=True,
         ),
         App(
             "game",
@@ -129,7 +149,7 @@ def _app(path: Path, index: int, entry: object) -> App:
     where = f"FARM_STREAM_APPS {path} app #{index}"
     if not isinstance(entry, dict):
         raise BadParameter(f"{where} must be an object")
-    unknown = sorted(set(entry) - {"name", "title", "command", "width", "height", "fps"})
+    unknown = sorted(set(entry) - FIELDS)
     if unknown:
         raise BadParameter(f"{where} has unknown field(s) {', '.join(unknown)}")
     name, command = entry.get("name"), entry.get("command")
@@ -148,6 +168,29 @@ def _app(path: Path, index: int, entry: object) -> App:
         width=entry.get("width", 1280),
         height=entry.get("height", 720),
         fps=entry.get("fps", 60),
+        network=_flag(where, entry, "network"),
+        desktop=_flag(where, entry, "desktop"),
+        memory_mib=_limit(where, entry, "memory_mib", int),
+        pids=_limit(where, entry, "pids", int),
+        cpu_cores=_limit(where, entry, "cpu_cores", float),
     )
     check_geometry(app.width, app.height, app.fps)
     return app
+
+
+def _flag(where: str, entry: dict[str, Any], name: str) -> bool:
+    value = entry.get(name, False)
+    if not isinstance(value, bool):
+        raise BadParameter(f"{where}: {name} must be true or false, not {value!r}")
+    return value
+
+
+def _limit(where: str, entry: dict[str, Any], name: str, kind: type) -> Any:
+    value = entry.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadParameter(f"{where}: {name} must be a number of at least 0, not {value!r}")
+    if kind is int and value != int(value):
+        raise BadParameter(f"{where}: {name} must be a whole number, not {value!r}")
+    return kind(value)

@@ -14,6 +14,8 @@ from farm.lifetime import die_with_parent, stop
 
 log = logging.getLogger("tessera.stream")
 
+#: variable in every app's environment: the pid of the stream service that started it
+APP_MARK = "TESSERA_STREAM_SERVICE_PID"
 #: how long Xvfb may take to announce its display number
 START_TIMEOUT_S = 10.0
 

@@ -10,22 +10,28 @@ from aiohttp import web
 
 from encoder.observe import StreamMetrics
 from encoder.turn import ice_servers
-from farm import metrics
+from farm import metrics, streamauth
 from farm.errors import (
     BadParameter,
     FarmError,
+    Forbidden,
     InputError,
     NeverFits,
     NoCapacity,
     NotFound,
     StreamError,
+    Unauthorized,
 )
+from farm.streamauth import StreamClaims, require_controller, require_session
 
 if TYPE_CHECKING:
     from encoder.service import StreamService
 
 STATIC = Path(__file__).resolve().parent / "static"
 SERVICE: web.AppKey[StreamService] = web.AppKey("stream_service")
+CLAIMS: web.RequestKey[StreamClaims] = web.RequestKey("stream_claims", StreamClaims)
+#: the player's page and files: the only routes answered without a stream token (no data)
+PUBLIC = frozenset({"/player", "/player.js", "/player.css"})
 STREAM_METRICS: web.AppKey[StreamMetrics] = web.AppKey("stream_metrics", StreamMetrics)
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
           ".svg": "image/svg+xml"}  # fmt: skip
@@ -45,6 +51,10 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except NeverFits as exc:
         # the contract's one code for "this service cannot take it"; the message says never
         return _error(409, "no_capacity", exc.message, **_plain(exc.fields))
+    except Unauthorized as exc:
+        return _error(401, exc.code, exc.message)
+    except Forbidden as exc:
+        return _error(403, exc.code, exc.message, **_plain(exc.fields))
     except NotFound as exc:
         return _error(404, exc.code, exc.message, **_plain(exc.fields))
     except InputError as exc:
@@ -53,6 +63,42 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(503, exc.code, exc.message, **_plain(exc.fields))
     except FarmError as exc:
         return _error(500, exc.code, exc.message, **_plain(exc.fields))
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every route but the player's files needs a stream token: ``Authorization: Bearer``
+    (the web's proxy, operators) or ``?token=`` (the player page opened on this service)."""
+    if request.path in PUBLIC or request.path.startswith("/static/"):
+        response: web.StreamResponse = await handler(request)
+        return response
+    header = request.headers.get("Authorization", "")
+    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    token = token or request.query.get("token", "")
+    if not token:
+        raise Unauthorized("a stream token is needed: Authorization: Bearer <token>")
+    request[CLAIMS] = streamauth.verify(request.app[SERVICE].settings.stream_secret, token)
+    response = await handler(request)
+    return response
+
+
+def _claims(request: web.Request) -> StreamClaims:
+    return request[CLAIMS]
+
+
+def _operator(request: web.Request) -> None:
+    if not _claims(request).operator:
+        raise Forbidden("this route is for operators (an operator stream token)")
+
+
+def _session_of(request: web.Request, controller: bool = False) -> str:
+    """The session id of the URL, which the token must be for (a controller's if asked)."""
+    sid = request.match_info["sid"]
+    claims = _claims(request)
+    require_session(claims, sid)
+    if controller:
+        require_controller(claims)
+    return sid
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
@@ -94,44 +140,58 @@ async def apps(request: web.Request) -> web.Response:
 
 
 async def device(request: web.Request) -> web.Response:
+    _operator(request)
     return web.json_response(request.app[SERVICE].registration())
 
 
 async def list_sessions(request: web.Request) -> web.Response:
-    sessions = request.app[SERVICE].sessions.values()
+    claims = _claims(request)
+    sessions = [
+        s
+        for s in request.app[SERVICE].sessions.values()
+        if claims.operator or s.project == claims.project
+    ]
     return web.json_response({"sessions": [s.to_json() for s in sessions]})
 
 
 async def create_session(request: web.Request) -> web.Response:
+    claims = _claims(request)
+    require_controller(claims)
     body = await _body(request)
-    session = await request.app[SERVICE].create_session(
-        _str(body, "app"),
+    service = request.app[SERVICE]
+    name = _str(body, "app")
+    if service.catalog.get(name).desktop and not (claims.operator or claims.admin):
+        raise Forbidden(f"app {name} is a desktop: only a project admin may launch it", app=name)
+    project = _str(body, "project") if claims.operator else claims.project
+    session = await service.create_session(
+        name,
         width=_int(body, "width"),
         height=_int(body, "height"),
         fps=_int(body, "fps"),
-        project=_str(body, "project"),
+        project=project,
         owner=_str(body, "owner"),
     )
     return web.json_response(session.to_json(), status=201)
 
 
 async def get_session(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].session_json(request.match_info["sid"]))
+    return web.json_response(request.app[SERVICE].session_json(_session_of(request)))
 
 
 async def end_session(request: web.Request) -> web.Response:
-    await request.app[SERVICE].end_session(request.match_info["sid"])
+    await request.app[SERVICE].end_session(_session_of(request, controller=True))
     return web.Response(status=204)
 
 
 async def add_viewer(request: web.Request) -> web.Response:
-    session = request.app[SERVICE].session(request.match_info["sid"])
+    session = request.app[SERVICE].session(_session_of(request))
     body = await _body(request)
+    role = _str(body, "role", "player")
+    if role != "spectator" and _claims(request).role == "spectator":
+        raise Forbidden("a spectator's token joins as spectator only")
     if body.get("type", "offer") != "offer" or not isinstance(body.get("sdp"), str):
         _bad('a viewer joins with {"type": "offer", "sdp": "..."} (ICE gathering complete)')
-    viewer, answer = await session.add_viewer(
-        body["sdp"], _str(body, "role", "player"), _str(body, "name")
-    )
+    viewer, answer = await session.add_viewer(body["sdp"], role, _str(body, "name"))
     return web.json_response(
         {"viewer_id": viewer.id, "role": viewer.role, "type": "answer", "sdp": answer,
          "controlling": session.controller == viewer.id}
@@ -139,13 +199,13 @@ async def add_viewer(request: web.Request) -> web.Response:
 
 
 async def remove_viewer(request: web.Request) -> web.Response:
-    session = request.app[SERVICE].session(request.match_info["sid"])
+    session = request.app[SERVICE].session(_session_of(request))
     await session.remove_viewer(request.match_info["vid"])
     return web.Response(status=204)
 
 
 async def control(request: web.Request) -> web.Response:
-    session = request.app[SERVICE].session(request.match_info["sid"])
+    session = request.app[SERVICE].session(_session_of(request, controller=True))
     body = await _body(request)
     session.hand_control(_str(body, "viewer_id"))
     return web.json_response(session.to_json())
@@ -181,7 +241,8 @@ def _file(name: str) -> web.StreamResponse:
 
 
 async def metrics_view(request: web.Request) -> web.Response:
-    """Prometheus metrics of this service (public, like every service's /metrics)."""
+    """Prometheus metrics of this service (an operator token: scrapers send it as bearer)."""
+    _operator(request)
     await request.app[STREAM_METRICS].update(request.app[SERVICE])
     body, content_type = metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": content_type})
@@ -189,7 +250,7 @@ async def metrics_view(request: web.Request) -> web.Response:
 
 def create_app(service: StreamService) -> web.Application:
     """The aiohttp app of ``service``: the stream API of /tmp/plan/stream-contract.md."""
-    app = web.Application(middlewares=[errors])
+    app = web.Application(middlewares=[errors, authenticate])
     app[SERVICE] = service
     app[STREAM_METRICS] = StreamMetrics()
     app.add_routes(

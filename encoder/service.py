@@ -31,7 +31,7 @@ from encoder.routes import create_app
 from encoder.session import SessionState, StreamSession
 from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
 from encoder.turn import ice_servers
-from farm import keys
+from farm import keys, sandbox, streamauth
 from farm.agent import DeviceAgent
 from farm.devices import Device
 from farm.errors import BadParameter, DeviceUnavailable, FarmError, NeverFits, NoCapacity, NotFound
@@ -88,6 +88,10 @@ class StreamService:
         return self.agent.devices[0]
 
     async def start(self) -> None:
+        # a sandbox that cannot start here fails the service now, naming the fix
+        await asyncio.to_thread(sandbox.check, self.settings)
+        if self.serve_http:
+            streamauth.check_secret(self.settings.stream_secret)
         self.conn = connect(self.settings.redis_url)
         self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
         self.agent = self._make_agent(self.allocator)

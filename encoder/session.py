@@ -76,7 +76,7 @@ class StreamSession:
         self.state = SessionState.STARTING
         self.reason = ""
         self.viewers: dict[str, Viewer] = {}
-        self.source: Source = make_source(app)
+        self.source: Source = make_source(app, settings, f"stream-{self.id}")
         self.pipeline: Pipeline | None = None
         self.control = InputControl(
             self.id, app, lambda: self.source.input, self._video_size, self._resize

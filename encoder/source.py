@@ -11,17 +11,19 @@ import subprocess
 import threading
 from collections.abc import Callable
 
+from encoder.appbox import SandboxedApp
 from encoder.capture import FrameSlot, Grabber, PatternGrabber, X11Grabber
 from encoder.catalog import App
-from encoder.display import XDisplay
+from encoder.display import APP_MARK, XDisplay
 from encoder.xinput import XInput
 from farm.errors import SourceFailed
 from farm.lifetime import die_with_parent
+from farm.settings import Settings
+
+__all__ = ["APP_MARK", "PatternSource", "SandboxedSource", "Source", "XAppSource", "make_source"]
 
 log = logging.getLogger("tessera.stream")
 
-#: variable in every app's environment: the pid of the stream service that started it
-APP_MARK = "TESSERA_STREAM_SERVICE_PID"
 #: how long an app may take to quit after SIGTERM before its whole group is killed
 APP_STOP_GRACE_S = 3.0
 
@@ -137,5 +139,54 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def make_source(app: App) -> Source:
-    return XAppSource(app) if app.needs_display else PatternSource(app)
+class SandboxedSource(Source):
+    """Xvfb and the app in one sandbox (encoder/appbox.py): the app's own uid, files, network
+    and limits; the service captures and injects input through the display's socket only."""
+
+    input_format = "bgr0"
+
+    def __init__(self, app: App, settings: Settings, name: str) -> None:
+        super().__init__(app)
+        self.box = SandboxedApp(settings, app, name)
+        self._stopping = False
+
+    def start(self, on_exit: Callable[[str], None]) -> None:
+        try:
+            self.box.start()
+            threading.Thread(
+                target=self._watch, args=(self.box.proc, on_exit), name="app-watch", daemon=True
+            ).start()
+            self.input = XInput(self.box.display)
+            self.grabber = X11Grabber(
+                self.slot, self.box.display, self.app.width, self.app.height, self.app.fps
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def _watch(self, proc: subprocess.Popen[bytes], on_exit: Callable[[str], None]) -> None:
+        code = proc.wait()
+        if not self._stopping:
+            on_exit(f"app {self.app.name} exited with status {code}")
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.grabber is not None:
+            self.grabber.stop()
+        if self.input is not None:
+            self.input.close()
+            self.input = None
+        self.box.stop()
+
+    def pids(self) -> list[int]:
+        return self.box.pids()
+
+
+def make_source(app: App, settings: Settings | None = None, name: str = "session") -> Source:
+    """The source of ``app``: sandboxed unless FARM_SANDBOX=none (or no settings: tests of
+    parts that start a display of the service's own)."""
+    if not app.needs_display:
+        return PatternSource(app)
+    if settings is None or settings.sandbox == "none":
+        return XAppSource(app)
+    return SandboxedSource(app, settings, name)

@@ -50,7 +50,7 @@ class XInput:
     def __init__(self, display_name: str) -> None:
         try:
             self.disp = display.Display(display_name)
-        except (error.DisplayError, OSError) as exc:
+        except (error.DisplayError, error.ConnectionClosedError, OSError) as exc:
             raise SourceFailed(f"cannot open X display {display_name} for input: {exc}") from exc
         if not self.disp.has_extension("XTEST"):
             self.disp.close()

@@ -56,6 +56,9 @@ ETC_FILES = (
 ETC_NETWORK_FILES = ("resolv.conf", "hosts", "host.conf", "gai.conf")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
+#: folders the sandbox makes itself (tmpfs, proc, dev) or that hold only files bound in
+SPECIAL = frozenset(Path(p) for p in ("/tmp", "/proc", "/dev", "/home"))
+
 Bind = tuple[Path, Path]
 """(host path, path inside the sandbox)."""
 
@@ -333,6 +336,18 @@ def _bind_args(flag: str, binds: Iterable[Bind]) -> list[str]:
     return args
 
 
+def _parent_dirs(targets: Iterable[Path]) -> list[str]:
+    """``--dir`` of every folder above a bind target, mode 0755: bwrap would make them 0700
+    (as root), keeping the sandbox user from reaching /root/.pyenv/... or /srv/venv/..."""
+    parents: set[Path] = set()
+    for target in targets:
+        parents.update(p for p in target.parents if p != Path("/") and p not in SPECIAL)
+    args: list[str] = []
+    for parent in sorted(parents, key=lambda p: len(p.parts)):
+        args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
 def _identity_files(spec: SandboxSpec) -> tuple[int, int]:
     """memfds holding a passwd and group that name only the sandbox user (X clients ask)."""
     fds = []
@@ -360,8 +375,10 @@ def bwrap_argv(
         "--hostname", "sandbox", "--clearenv",
         "--proc", "/proc", "--dev", "/dev",
         "--perms", "1777", "--tmpfs", "/tmp",
-        "--perms", "0700", "--dir", "/home",
+        "--dir", "/home",
         "--perms", "0777", "--tmpfs", str(HOME),
+        *_parent_dirs([Path("/etc/passwd"), *(inside for _, inside in spec.ro_binds),
+                       *(inside for _, inside in spec.rw_binds)]),
         "--ro-bind-data", str(identity[0]), "/etc/passwd",
         "--ro-bind-data", str(identity[1]), "/etc/group",
     ]  # fmt: skip
@@ -449,6 +466,8 @@ def spawn(settings: Settings, spec: SandboxSpec, argv: Sequence[str], **popen: A
     def preexec() -> None:
         join()
         arm_parent_death_signal(signal.SIGKILL)
+        # folders bwrap makes for bind targets (/root of /root/.pyenv) must be traversable
+        os.umask(0o022)
 
     try:
         pass_fds = tuple(popen.pop("pass_fds", ())) + identity

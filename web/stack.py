@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,8 @@ def up(settings: Settings, data_dir: Path, out: TextIO = sys.stderr) -> None:
             redis_url=redis_server.url,
             storage_dir=data_dir / "storage",
             work_dir=data_dir / "work",
+            # the web signs stream tokens with it, the stream services check them
+            stream_secret=settings.stream_secret or secrets.token_urlsafe(32),
         )
         conn = jobstore.connect(local.redis_url)
         try:

@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from farm import keys
+from farm import keys, streamauth
 from farm.errors import BadParameter, FarmError, NoCapacity, NotFound
 from farm.redisclient import guard
 from web import jsonio
-from web.appkeys import CONN, HTTP, blocking, user_of
+from web.appkeys import CONN, HTTP, SETTINGS, blocking, user_of
 from web.auth import check_device, role_in
 
 log = logging.getLogger("tessera.web.streams")
@@ -49,9 +49,38 @@ async def services(request: web.Request) -> list[dict[str, Any]]:
     return found
 
 
-async def call(request: web.Request, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+def token(request: web.Request, project: str, session: str = "", role: str = "spectator") -> str:
+    """A stream token for one call: this project, this session ("" = a new one), as this
+    viewer role; it says whether the user is the project's admin (desktop apps need one)."""
+    settings = request.app[SETTINGS]
+    streamauth.check_secret(settings.stream_secret)
+    user = user_of(request)
+    admin = user.admin or user.role(project) == "admin"
+    return streamauth.viewer_token(
+        settings.stream_secret, project, session, role, settings.stream_token_ttl_s, admin=admin
+    )
+
+
+def operator(request: web.Request) -> str:
+    """An operator token: for the calls that are not one project's (the app catalog, ICE)."""
+    settings = request.app[SETTINGS]
+    streamauth.check_secret(settings.stream_secret)
+    return streamauth.operator_token(settings.stream_secret, settings.stream_token_ttl_s)
+
+
+def _viewer_role(request: web.Request, project: str) -> str:
+    """A project's viewers watch; members and admins may control."""
+    return "spectator" if user_of(request).role(project) == "viewer" else "controller"
+
+
+async def call(
+    request: web.Request, method: str, url: str, body: Any = None, *, auth: str
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {auth}"}
     try:
-        async with request.app[HTTP].request(method, url, json=body, timeout=TIMEOUT) as resp:
+        async with request.app[HTTP].request(
+            method, url, json=body, timeout=TIMEOUT, headers=headers
+        ) as resp:
             if resp.status == 204:
                 return 204, None
             data = await resp.json(content_type=None)
@@ -68,12 +97,14 @@ def _answer(status: int, data: Any) -> web.Response:
 
 async def apps(request: web.Request) -> web.Response:
     service = (await services(request))[0]
-    return _answer(*await call(request, "GET", service["url"] + "/api/streams/apps"))
+    url = service["url"] + "/api/streams/apps"
+    return _answer(*await call(request, "GET", url, auth=operator(request)))
 
 
 async def ice(request: web.Request) -> web.Response:
     service = (await services(request))[0]
-    return _answer(*await call(request, "GET", service["url"] + "/api/streams/ice"))
+    url = service["url"] + "/api/streams/ice"
+    return _answer(*await call(request, "GET", url, auth=operator(request)))
 
 
 async def _owners(request: web.Request, sids: list[str]) -> list[dict[str, Any] | None]:
@@ -94,10 +125,16 @@ async def list_sessions(request: web.Request) -> web.Response:
     if project:
         role_in(request, project)
     found: list[dict[str, Any]] = []
+    projects = [project] if project else sorted(user.roles)
     for service in await blocking(request.app, _services, request.app[CONN]):
-        status, data = await call(request, "GET", service["url"] + "/api/streams/sessions")
-        if status == 200 and isinstance(data, dict):
-            found.extend(data.get("sessions", []))
+        # one call per project: a token lists its own project's sessions only
+        for listed in projects:
+            status, data = await call(
+                request, "GET", service["url"] + "/api/streams/sessions",
+                auth=token(request, listed),
+            )  # fmt: skip
+            if status == 200 and isinstance(data, dict):
+                found.extend(data.get("sessions", []))
     owners = await _owners(request, [str(s.get("session_id")) for s in found])
     out = []
     for session, owner in zip(found, owners, strict=True):
@@ -137,8 +174,9 @@ async def create_session(request: web.Request) -> web.Response:
     status, data = 503, None
     for service in allowed:
         status, data = await call(
-            request, "POST", service["url"] + "/api/streams/sessions", payload
-        )
+            request, "POST", service["url"] + "/api/streams/sessions", payload,
+            auth=token(request, project, role="controller"),
+        )  # fmt: skip
         if status == 201:
             owner = {"project": project, "user": user, "url": service["url"]}
             await blocking(request.app, guard, request.app[CONN].set,
@@ -163,7 +201,8 @@ async def _owned(request: web.Request, at_least: str = "viewer") -> tuple[str, d
 
 async def get_session(request: web.Request) -> web.Response:
     sid, owner = await _owned(request)
-    status, data = await call(request, "GET", f"{owner['url']}/api/streams/sessions/{sid}")
+    status, data = await call(request, "GET", f"{owner['url']}/api/streams/sessions/{sid}",
+                              auth=token(request, owner["project"], sid))  # fmt: skip
     if status == 200:
         data = {**data, "project": owner["project"], "owner": owner["user"]}
     return _answer(status, data)
@@ -171,7 +210,8 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def end_session(request: web.Request) -> web.Response:
     sid, owner = await _owned(request, "member")
-    status, data = await call(request, "DELETE", f"{owner['url']}/api/streams/sessions/{sid}")
+    status, data = await call(request, "DELETE", f"{owner['url']}/api/streams/sessions/{sid}",
+                              auth=token(request, owner["project"], sid, "controller"))  # fmt: skip
     if status in (204, 404):
         await blocking(request.app, guard, request.app[CONN].delete, keys.stream_owner(sid))
     return _answer(status, data)
@@ -187,18 +227,20 @@ async def join(request: web.Request) -> web.Response:
         body["role"] = "spectator"
     body.setdefault("name", user_of(request).name)
     url = f"{owner['url']}/api/streams/sessions/{sid}/viewers"
-    return _answer(*await call(request, "POST", url, body))
+    auth = token(request, owner["project"], sid, _viewer_role(request, owner["project"]))
+    return _answer(*await call(request, "POST", url, body, auth=auth))
 
 
 async def leave(request: web.Request) -> web.Response:
     sid, owner = await _owned(request)
     vid = request.match_info["viewer_id"]
     url = f"{owner['url']}/api/streams/sessions/{sid}/viewers/{vid}"
-    return _answer(*await call(request, "DELETE", url))
+    return _answer(*await call(request, "DELETE", url, auth=token(request, owner["project"], sid)))
 
 
 async def control(request: web.Request) -> web.Response:
     sid, owner = await _owned(request, "member")
     body = await jsonio.read_object(request, {"viewer_id": str}, required=("viewer_id",))
     url = f"{owner['url']}/api/streams/sessions/{sid}/control"
-    return _answer(*await call(request, "POST", url, body))
+    auth = token(request, owner["project"], sid, "controller")
+    return _answer(*await call(request, "POST", url, body, auth=auth))

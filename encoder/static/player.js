@@ -2,11 +2,14 @@
 // allows, sends keyboard and mouse over the "input" data channel, shows live stats.
 // Query: ?session=<sid>&role=player|spectator&api=<base url>  (join a session)
 //        ?app=<name>&width=&height=&fps=&project=&autostart=1 (start one)
+//        &token=<stream token>  (opened on a stream service itself; the web needs none)
 "use strict";
 
 (() => {
   const params = new URLSearchParams(location.search);
   const api = (params.get("api") || "").replace(/\/+$/, "");
+  const token = params.get("token") || "";
+  const auth = token ? { Authorization: "Bearer " + token } : {};
   const $ = (id) => document.getElementById(id);
   const video = $("video");
   const ICE_GATHER_TIMEOUT_MS = 5000;
@@ -42,7 +45,7 @@
   // ------------------------------------------------------------------ HTTP
 
   async function call(method, path, body) {
-    const init = { method, headers: {}, credentials: "same-origin" };
+    const init = { method, headers: { ...auth }, credentials: "same-origin" };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
@@ -510,7 +513,7 @@
   window.addEventListener("pagehide", () => {
     if (!tessera.viewerId || !tessera.sessionId) return;
     const path = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/viewers/${encodeURIComponent(tessera.viewerId)}`;
-    fetch(api + path, { method: "DELETE", keepalive: true, credentials: "same-origin" }).catch(() => {});
+    fetch(api + path, { method: "DELETE", headers: auth, keepalive: true, credentials: "same-origin" }).catch(() => {});
   });
 
   if (tessera.sessionId) {

@@ -11,6 +11,7 @@ import pytest
 from encoder.service import StreamService, running
 from encoder.source import APP_MARK
 from farm.settings import Settings
+from tests.encoder.tokens import STREAM_SECRET
 
 
 @pytest.fixture
@@ -26,6 +27,7 @@ def stream_settings(redis_url: str) -> Settings:
         agent_timeout_s=3.0,
         stream_min_kbps=300,
         stream_max_kbps=8000,
+        stream_secret=STREAM_SECRET,
     )
 
 

@@ -13,6 +13,9 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from encoder.service import StreamService, running
 from farm.settings import Settings
+from tests.encoder import tokens
+
+OPERATOR = tokens.operator()
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -74,6 +77,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
         stream_port=0,
         cpu_encode_sessions=4,
         stream_grace_s=2.0,
+        stream_secret=tokens.STREAM_SECRET,
     )
     with running(settings) as svc:
         yield svc
@@ -90,6 +94,7 @@ def full_service(
         work_dir=tmp_path_factory.mktemp("stream-full"),
         stream_port=0,
         stream_vram_mib=1 << 40,
+        stream_secret=tokens.STREAM_SECRET,
     )
     with running(settings) as svc:
         yield svc
@@ -114,7 +119,9 @@ def page(browser: Browser) -> Iterator[Page]:
 def test_player_starts_a_720p_session_and_plays_it(
     service: StreamService, page: Page, tmp_path: Path
 ) -> None:
-    page.goto(f"{service.url}/player?app=testpattern&width=1280&height=720&fps=30&autostart=1")
+    page.goto(
+        f"{service.url}/player?app=testpattern&width=1280&height=720&fps=30&autostart=1&token={OPERATOR}"
+    )
     page.wait_for_function(
         "window.tessera && tessera.stats.frames_decoded > 0 && tessera.frameWidth > 0",
         timeout=TIMEOUT_MS,
@@ -154,14 +161,18 @@ def end_session(page: Page, service: StreamService) -> None:
     sid = page.evaluate("tessera.sessionId")
     page.click("#end")
     page.wait_for_function("tessera.state === 'closed'", timeout=TIMEOUT_MS)
-    ended = page.request.get(f"{service.url}/api/streams/sessions/{sid}").json()
+    ended = page.request.get(
+        f"{service.url}/api/streams/sessions/{sid}", headers=tokens.operator_headers()
+    ).json()
     assert ended["state"] == "ended"
 
 
 def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
     service: StreamService, page: Page
 ) -> None:
-    page.goto(f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1")
+    page.goto(
+        f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
+    )
     page.wait_for_function(
         "window.tessera && tessera.stats.frames_decoded > 0 && video.videoWidth === 640",
         timeout=TIMEOUT_MS,
@@ -189,7 +200,7 @@ def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
 
 
 def test_a_refused_session_shows_why(full_service: StreamService, page: Page) -> None:
-    page.goto(f"{full_service.url}/player?app=testpattern&autostart=1")
+    page.goto(f"{full_service.url}/player?app=testpattern&autostart=1&token={OPERATOR}")
     page.wait_for_function("tessera.error !== null", timeout=TIMEOUT_MS)
     error = page.evaluate("tessera.error")
     assert error["code"] == "no_capacity"
@@ -214,13 +225,18 @@ RTCDataChannel.prototype.send = function (message) {
 def test_a_spectator_sends_nothing_until_it_takes_control(
     service: StreamService, page: Page, browser: Browser
 ) -> None:
-    page.goto(f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1")
+    page.goto(
+        f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
+    )
     page.wait_for_function("tessera.controlling && tessera.sessionId", timeout=TIMEOUT_MS)
     sid = page.evaluate("tessera.sessionId")
     spectator = browser.new_page(viewport={"width": 1000, "height": 700})
     try:
         spectator.add_init_script(COUNT_SENDS_JS)
-        spectator.goto(f"{service.url}/player?session={sid}&role=spectator")
+        # a project member's token, joining as spectator (they may take control)
+        spectator.goto(
+            f"{service.url}/player?session={sid}&role=spectator&token={tokens.viewer(sid)}"
+        )
         spectator.wait_for_function(
             f"tessera.stats.frames_decoded > 0 && ({FIND_SPRITE_JS})() !== null",
             timeout=TIMEOUT_MS,

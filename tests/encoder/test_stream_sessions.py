@@ -23,6 +23,7 @@ from farm.settings import Settings
 from farm.slots import SlotAllocator
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.test_stream_video import api
+from tests.encoder.tokens import operator_headers
 
 SMALL_PATTERN = {"app": "testpattern", "width": 512, "height": 64, "fps": 10}
 
@@ -69,7 +70,7 @@ def test_with_room_for_two_sessions_the_third_is_refused_with_the_reason(
     settings = stream_settings.with_(cpu_encode_sessions=2, nvenc="fake")
 
     async def body(url: str) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             created = []
             for _ in range(2):
                 status, session = await api(http, "POST", f"{url}/api/streams/sessions",
@@ -103,7 +104,7 @@ def test_a_session_ends_a_grace_period_after_its_last_viewer_leaves(
     stream_settings: Settings,
 ) -> None:
     async def body(url: str) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, session = await api(http, "POST", f"{url}/api/streams/sessions",
                                         SMALL_PATTERN)  # fmt: skip
             sid = session["session_id"]
@@ -129,7 +130,7 @@ def test_a_session_whose_lease_is_lost_ends_and_stops_its_app(
     allocator = SlotAllocator(redis.Redis.from_url(redis_url))
 
     async def body(url: str, service_sessions: dict[str, object]) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             desktop = {"app": "desktop", "width": 320, "height": 240}
             status, session = await api(http, "POST", f"{url}/api/streams/sessions", desktop)
             assert status == 201, session
@@ -165,7 +166,7 @@ def test_bad_session_requests_get_a_clear_4xx(
     url = stream_service.url  # type: ignore[attr-defined]
 
     async def main() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             got, answer = await api(http, "POST", f"{url}/api/streams/sessions", body)
             assert (got, answer["error"]["code"]) == (status, code), answer
             assert answer["error"]["message"]
@@ -179,7 +180,7 @@ def test_an_offer_without_video_and_an_unknown_session_are_refused(stream_servic
     url = stream_service.url  # type: ignore[attr-defined]
 
     async def main() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, session = await api(http, "POST", f"{url}/api/streams/sessions",
                                         SMALL_PATTERN)  # fmt: skip
             sid = session["session_id"]
@@ -218,7 +219,7 @@ def test_farm_stream_serves_registers_and_unregisters(
         assert entry["alive_until"] > time.time()
 
         async def apps() -> list[str]:
-            async with aiohttp.ClientSession() as http:
+            async with aiohttp.ClientSession(headers=operator_headers()) as http:
                 _status, body = await api(http, "GET", f"{line['url']}/api/streams/apps")
                 return [a["name"] for a in body["apps"]]
 
@@ -238,7 +239,7 @@ def test_a_session_defaults_to_the_app_s_720p60(stream_service: object) -> None:
     url = stream_service.url  # type: ignore[attr-defined]
 
     async def main() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, session = await api(http, "POST", f"{url}/api/streams/sessions",
                                         {"app": "testpattern"})  # fmt: skip
             assert status == 201, session
@@ -260,7 +261,7 @@ def test_an_app_that_quits_ends_its_session_and_one_that_cannot_start_is_refused
     ]))  # fmt: skip
 
     async def body(url: str) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, session = await api(http, "POST", f"{url}/api/streams/sessions",
                                         {"app": "brief"})  # fmt: skip
             assert status == 201, session
@@ -288,7 +289,7 @@ def test_a_gpu_service_accounts_nvenc_sessions_and_vram_on_its_gpu(
     allocator = SlotAllocator(redis.Redis.from_url(redis_url))
 
     async def body(url: str, gpu_index: int | None) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, session = await api(http, "POST", f"{url}/api/streams/sessions",
                                         SMALL_PATTERN)  # fmt: skip
             assert status == 201, session
@@ -310,7 +311,7 @@ def test_a_gpu_without_nvenc_refuses_streams_for_good(stream_settings: Settings)
     settings = stream_settings.with_(device="gpu", gpu_index=0, nvml="fake:h200")
 
     async def body(url: str) -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, refused = await api(http, "POST", f"{url}/api/streams/sessions",
                                         SMALL_PATTERN)  # fmt: skip
             assert (status, refused["error"]["code"]) == (409, "no_capacity")

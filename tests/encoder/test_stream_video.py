@@ -13,6 +13,7 @@ import pytest
 from encoder.service import StreamService
 from encoder.testpattern import read_stamp
 from tests.encoder.rtcviewer import RtcViewer
+from tests.encoder.tokens import operator_headers
 
 PATTERN = {"app": "testpattern", "width": 640, "height": 360, "fps": 20}
 
@@ -30,7 +31,7 @@ def run(
     service: StreamService, body: Callable[[aiohttp.ClientSession, str], Awaitable[None]]
 ) -> None:
     async def main() -> None:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             await body(http, service.url)
 
     asyncio.run(main())

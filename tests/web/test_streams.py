@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from farm import jobstore
 from farm.settings import Settings
+from tests.encoder.tokens import STREAM_SECRET
 from tests.web.conftest import Tokens, api, bearer
 from web.accounts import Accounts
 
@@ -13,6 +14,7 @@ async def test_launch_list_and_end_a_stream_through_the_web(
 ) -> None:
     from encoder.service import StreamService
 
+    web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
     stream_settings = web_settings.with_(
         device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
     )

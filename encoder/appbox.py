@@ -1,0 +1,199 @@
+"""A session's Xvfb and app together in one sandbox instance (farm/sandbox.py), reached by the
+service only through the display's own X socket.
+
+Inside, Xvfb listens on ``/tmp/.X11-unix/X<N>``, a folder bound from a host folder of the
+session's own; the host name ``/tmp/.X11-unix/X<N>`` is a link to it, so the service's capture
+(x11grab) and input (XTest) connect with ``DISPLAY=:N`` like to any display. The sandbox has its
+own network namespace, so Xvfb's abstract socket is out of everyone else's reach, and its own
+/tmp, so no other session's socket folder is there. ``N`` is held by an X lock file
+(``/tmp/.X<N>-lock``, as X servers do) for the session's life.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from encoder.catalog import App
+from encoder.display import APP_MARK
+from farm import sandbox
+from farm.errors import SourceFailed
+from farm.sandbox import Limits, Sandboxed, SandboxSpec
+from farm.settings import Settings
+
+log = logging.getLogger("tessera.stream")
+
+#: the host's folder of X sockets (X clients look for display N here)
+X11_DIR = Path("/tmp/.X11-unix")
+#: the service's folder of sessions' X socket folders (its own; mode 0700)
+SOCKETS = Path(tempfile.gettempdir()) / f"tessera-x11-{os.geteuid()}"
+#: display numbers sandboxed sessions take, above what a desktop or `xvfb-run` would use
+FIRST_DISPLAY, LAST_DISPLAY = 100, 999
+#: how long Xvfb may take to announce its display number
+START_TIMEOUT_S = 10.0
+#: the sandbox's first program: Xvfb in the background (it writes N on stdout once it serves),
+#: then, once the service answers on stdin, the app with the session's stdio closed; "missing"
+#: on stdout where the app's program is not in the sandbox
+LAUNCHER = (
+    'command -v "$3" >/dev/null || { echo missing; exit 127; }; '
+    'Xvfb ":$1" -displayfd 1 -screen 0 "$2" -nolisten tcp -nolisten local -noreset '
+    "+extension XTEST -ac </dev/null 2>/dev/null & "
+    'exec >/dev/null; read -r _; shift 2; exec "$@" </dev/null'
+)
+
+
+MISSING = b"missing\n"
+
+
+def limits(settings: Settings, app: App) -> Limits:
+    """The app's own limits where its catalog entry gives them, else the settings'."""
+    return Limits(
+        memory_mib=settings.stream_memory_mib if app.memory_mib is None else app.memory_mib,
+        pids=settings.stream_pids if app.pids is None else app.pids,
+        cpu_cores=settings.stream_cpu_cores if app.cpu_cores is None else app.cpu_cores,
+    )
+
+
+def session_spec(
+    settings: Settings, app: App, x11_dir: Path, display: int, name: str
+) -> SandboxSpec:
+    """The sandbox a session's display and app run in (the security tests run probes in it)."""
+    ro = sandbox.runtime_binds("encoder")
+    if app.network:
+        ro += sandbox.network_binds()
+    return SandboxSpec(
+        name=name,
+        ro_binds=ro,
+        rw_binds=((x11_dir, X11_DIR),),
+        env={"DISPLAY": f":{display}", APP_MARK: str(os.getpid())},
+        network=app.network,
+        limits=limits(settings, app),
+        uid=settings.sandbox_uid,
+        gid=settings.sandbox_gid,
+    )
+
+
+def _claim_display() -> tuple[int, Path]:
+    """A display number free on the host, held by its X lock file (created exclusively)."""
+    X11_DIR.mkdir(mode=0o1777, exist_ok=True)
+    for number in range(FIRST_DISPLAY, LAST_DISPLAY + 1):
+        lock = Path(f"/tmp/.X{number}-lock")
+        if (X11_DIR / f"X{number}").exists() or (X11_DIR / f"X{number}").is_symlink():
+            continue
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid():10d}\n")
+        return number, lock
+    raise SourceFailed(f"no free X display number from {FIRST_DISPLAY} to {LAST_DISPLAY}")
+
+
+class SandboxedApp:
+    """Xvfb plus the app of one session in one sandbox; ``proc`` ends when the app does."""
+
+    def __init__(self, settings: Settings, app: App, name: str) -> None:
+        self.settings, self.app, self.name = settings, app, name
+        self.number: int | None = None
+        self.box: Sandboxed | None = None
+        self._lock: Path | None = None
+        self._dir: Path | None = None
+        self._link: Path | None = None
+
+    @property
+    def display(self) -> str:
+        if self.number is None:
+            raise SourceFailed("the X display is not running")
+        return f":{self.number}"
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        if self.box is None:
+            raise SourceFailed("the app is not running")
+        return self.box.proc
+
+    def spec(self) -> SandboxSpec:
+        assert self._dir is not None and self.number is not None
+        return session_spec(self.settings, self.app, self._dir, self.number, self.name)
+
+    def start(self) -> None:
+        try:
+            self.number, self._lock = _claim_display()
+            # a root-only parent keeps host users other than the service off the socket
+            SOCKETS.mkdir(mode=0o700, exist_ok=True)
+            self._dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=SOCKETS))
+            spec = self.spec()
+            sandbox.owned_dir(self._dir, spec)
+            self._link = X11_DIR / f"X{self.number}"
+            self._link.symlink_to(self._dir / f"X{self.number}")
+            ready_r, ready_w = os.pipe()
+            go_r, go_w = os.pipe()
+            try:
+                size = f"{self.app.width}x{self.app.height}x24"
+                argv = ["/bin/sh", "-c", LAUNCHER, "launcher", str(self.number), size]
+                self.box = sandbox.spawn(
+                    self.settings, spec, [*argv, *self.app.command],
+                    stdin=go_r, stdout=ready_w, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                os.close(ready_w)
+                ready_w = -1
+                self._await_display(ready_r)
+                os.write(go_w, b"go\n")
+            finally:
+                for fd in (ready_r, ready_w, go_r, go_w):
+                    if fd >= 0:
+                        os.close(fd)
+        except OSError as exc:
+            self.stop()
+            raise SourceFailed(f"app {self.app.name} could not start: {exc}") from exc
+        except BaseException:
+            self.stop()
+            raise
+        log.info("event=app_started app=%s display=%s sandbox=%s pid=%d", self.app.name,
+                 self.display, self.box.name, self.box.pid)  # fmt: skip
+
+    def _await_display(self, fd: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        data = b""
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SourceFailed("Xvfb did not start in the sandbox (no display announced)")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 64)
+                if not chunk:
+                    raise SourceFailed("Xvfb exited in the sandbox before serving its display")
+                data += chunk
+        if data == MISSING:
+            raise SourceFailed(
+                f"app {self.app.name} could not start ({self.app.command[0]}): no such program "
+                "in its sandbox",
+                app=self.app.name,
+            )
+        if int(data.strip()) != self.number:
+            raise SourceFailed(f"Xvfb took display {data.strip()!r}, not :{self.number}")
+
+    def pids(self) -> list[int]:
+        return self.box.pids() if self.box is not None else []
+
+    def stop(self) -> None:
+        """Kill every process of the sandbox and free the display; safe to call twice."""
+        if self.box is not None:
+            self.box.close()
+        for path in (self._link, self._lock):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._link = self._lock = self._dir = None
+        self.number = None
