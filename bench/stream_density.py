@@ -20,7 +20,7 @@ Targets: ours <= 3 % of a core per spectator and <= 0.1x plain aiortc's per-view
 
     python bench/stream_density.py [--size 1280x720] [--fps 30] [--max-sessions 16]
         [--spectators 4] [--window 5] [--settle 2] [--runs 3] [--parts sessions,spectators]
-        [--plain-source live|pull] [--arms ours,plain]
+        [--plain-source live|pull] [--arms ours,plain] [--app testpattern|game]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from bench.streambench import add_arm_options, arm_services, run_bench, spread  # noqa: E402
 from tests.encoder.serviceprocess import ServiceProcess  # noqa: E402
 from tests.encoder.streamclient import StreamClient, Viewer  # noqa: E402
+from tests.encoder.tokens import operator_headers  # noqa: E402
 
 TARGET_CORE_PCT = 3.0
 TARGET_RATIO = 0.1
@@ -55,6 +56,7 @@ class Options:
     fps: int
     window_s: float
     settle_s: float
+    app: str = "testpattern"
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Watched:
 
 
 async def open_session(client: StreamClient, opts: Options) -> Watched:
-    created = await client.create_session("testpattern", opts.width, opts.height, opts.fps)
+    created = await client.create_session(opts.app, opts.width, opts.height, opts.fps)
     sid = str(created["session_id"])
     return Watched(sid, [await client.join(sid, decode=False)])
 
@@ -151,7 +153,7 @@ async def cpu_pct(service: ServiceProcess, window_s: float) -> float:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     width, height = (int(v) for v in args.size.lower().split("x"))
-    opts = Options(width, height, args.fps, args.window, args.settle)
+    opts = Options(width, height, args.fps, args.window, args.settle, args.app)
     parts = args.parts.split(",")
     arms = args.arms.split(",")
     figures: dict[str, Any] = {
@@ -162,10 +164,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "spectators": args.spectators,
         "cores": os.cpu_count(),
         "plain_source": args.plain_source,
+        "app": args.app,
+        "sandbox": os.environ.get("FARM_SANDBOX", "bwrap"),
     }
     cpu_sessions = args.max_sessions + 1
     with arm_services(arms, args.plain_source, cpu_sessions, "stream-density-") as services:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
             if "sessions" in parts:
                 await run_sessions(args, opts, clients, figures)
@@ -245,6 +249,11 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=2.0, help="wait before measuring, s")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--parts", default="sessions,spectators")
+    parser.add_argument(
+        "--app", default="testpattern",
+        help="catalog app of each session (game: a sandboxed app in its Xvfb; FARM_SANDBOX=none "
+        "in the environment runs it unsandboxed, the figure before)",
+    )  # fmt: skip
     add_arm_options(parser)
     run_bench(main_async, parser.parse_args())
 

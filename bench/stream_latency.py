@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 from bench.streambench import add_arm_options, arm_services, run_bench, spread  # noqa: E402
 from farm import lifetime  # noqa: E402
 from tests.encoder.streamclient import ReceivedFrame, StreamClient, Viewer, read_stamp  # noqa: E402
+from tests.encoder.tokens import operator_headers  # noqa: E402
 
 ARMS = ("ours", "plain")
 LOAD_SESSIONS = 4
@@ -325,7 +326,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     # room for the measured session and the load sessions on a CPU device
     cpu_sessions = LOAD_SESSIONS + 4
     with arm_services(arms, args.plain_source, cpu_sessions, "stream-latency-") as services:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
             clients = {arm: StreamClient(s.url, http) for arm, s in services.items()}
             for arm, service in services.items():
                 print(f"{arm}: {service.url} ({' '.join(service.command[1:])})")

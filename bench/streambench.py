@@ -20,6 +20,7 @@ from typing import Any
 
 from farm.redisserver import RedisServer
 from tests.encoder.serviceprocess import ServiceProcess, ours_command, plain_command
+from tests.encoder.tokens import STREAM_SECRET
 
 
 def add_arm_options(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,8 @@ def arm_services(
             "FARM_STREAM_HOST": "127.0.0.1",
             "FARM_CPU_ENCODE_SESSIONS": str(cpu_encode_sessions),
             "FARM_LOG_LEVEL": "WARNING",
+            # the benches call the service as its operator (tests/encoder/tokens.py)
+            "FARM_STREAM_SECRET": STREAM_SECRET,
         }
         commands = {"ours": ours_command(), "plain": plain_command(plain_source)}
         services = {

@@ -6,8 +6,8 @@ A token is ``<payload>.<signature>``, both base64url; the payload is JSON::
     {"v": 1, "kind": "viewer", "project": "p", "session": "sid" or "" (a new session),
      "role": "controller" | "spectator", "admin": false, "exp": 1767225600}
 
-``kind: operator`` reaches every route of the service (no project or session); `farm
-stream-token` makes one from the secret.
+``kind: operator`` reaches every route of the service (no project or session);
+``operator_token(secret, ttl_s)`` makes one.
 """
 
 from __future__ import annotations
