@@ -85,7 +85,8 @@ class DeviceAgent:
 
     def _reconcile(self, gpus: list[GpuInfo]) -> list[Drift]:
         leases: dict[str, LeaseView] = {}
-        for state in self.allocator.devices():
+        # only this agent's devices: a beat costs nothing in the farm's size
+        for state in self.allocator.devices([d.id for d in self.devices]):
             leases[state.id] = LeaseView(
                 state.used_vram_mib, state.used_encoder_sessions, len(state.leases)
             )

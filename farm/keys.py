@@ -63,6 +63,18 @@ DEVICES = f"{PREFIX}:devices"
 LEASE_EXPIRY = f"{PREFIX}:lease-expiry"
 #: pub/sub channel announcing revoked leases (message: lease id)
 LEASE_REVOKED = f"{PREFIX}:lease-revoked"
+#: sorted set: device id -> alive until (epoch ms), so silent devices are found without a scan
+DEVICE_ALIVE = f"{PREFIX}:device-alive"
+#: set of the device classes ever registered
+DEVICE_CLASSES = f"{PREFIX}:classes"
+#: hash: ``class|vram|enc|slots`` -> number of devices of that shape ("could this ever fit?")
+DEVICE_SHAPES = f"{PREFIX}:shapes"
+
+
+def placement(device_class: str, kind: str) -> str:
+    """Sorted set: the live, available devices of a class by preference for a lease kind
+    (render: least free share first; stream: least loaded encoder first; no room: last)."""
+    return f"{PREFIX}:place:{device_class}:{kind}"
 
 
 def device(device_id: str) -> str:
@@ -189,6 +201,7 @@ def usage(project: str) -> str:
 
 
 def usage_totals(project: str) -> str:
-    """Hash: the project's all-time totals; ``s|class|kind`` seconds, ``j|class`` measured
-    joules, ``u|class`` seconds without an energy counter."""
+    """Hash: the project's all-time totals; ``m|class|kind`` ms of leases with an energy
+    counter, ``u|class|kind`` ms of those without, ``j|class`` measured joules (earlier
+    versions wrote ``s|class|kind`` and ``u|class`` in seconds; both are read)."""
     return f"{PREFIX}:usage:{project}:totals"

@@ -1,14 +1,32 @@
 """Lua scripts of the slot allocator: every check and reservation of a call in one atomic step.
 
-Expired leases, and the leases of devices whose agent went silent, are reclaimed inside the same
-scripts that grant new ones, so correctness needs no separate reaper. Time is Redis's own clock
-(``TIME``) unless the caller passes one (tests drive time explicitly).
+Each call costs in proportion to the work it asks, not to the farm's size. Expired leases are
+found through their expiry index and silent agents' devices through a sorted set of liveness
+deadlines, both reclaimed incrementally inside the scripts that grant new leases (correctness
+needs no separate reaper). A request pinned to devices reads those devices only; any other
+walks a placement index (per device class and lease kind, scored by preference, devices
+without room in the kind's own dimension pushed behind ``PENALTY``) from its best end and takes
+the first device that fits. Time is Redis's own clock (``TIME``) unless the caller passes one
+(tests drive time explicitly).
 """
 
 from __future__ import annotations
 
 PRELUDE = r"""
 local P = 'tessera:'
+-- placement scores are below 2; a device without room in the kind's own dimension (render
+-- slots for renders, encoder sessions for streams) scores this much more, so walks stop there
+local PENALTY = 10
+-- a placement walk reads the index this many devices at a time
+local BATCH = 16
+-- each call reclaims at most this many expired leases and dead devices (the next call goes on)
+local REAP = 100
+local FIELDS = {'alive_until', 'host', 'class', 'vram', 'enc', 'slots', 'used_vram', 'used_enc',
+                'used_slots', 'available', 'unexplained_vram', 'model', 'epl', 'energy_by',
+                'token'}
+-- the placement index of every class together, for requests that name none
+local ANY = '*'
+
 
 local function clock(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
@@ -16,69 +34,149 @@ local function clock(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function csv_set(text)
+local function csv_list(text)
   local out = {}
-  for item in string.gmatch(text or '', '[^,]+') do out[item] = true end
+  for item in string.gmatch(text or '', '[^,]+') do table.insert(out, item) end
   return out
+end
+
+local function device_fields(d)
+  return redis.call('HMGET', P .. 'device:' .. d, unpack(FIELDS))
+end
+
+-- free memory, encoder sessions and render slots of a device's fields
+local function room(f)
+  return tonumber(f[4] or '0') - tonumber(f[7] or '0') - tonumber(f[11] or '0'),
+         tonumber(f[5] or '0') - tonumber(f[8] or '0'),
+         tonumber(f[6] or '0') - tonumber(f[9] or '0')
+end
+
+-- renders pack: the busiest device that fits (least free share left), so big renders find
+-- room; streams spread: the least loaded encoder, then the most free memory
+local function scores(f)
+  local fv, fe, fs = room(f)
+  local cap_v, cap_e, cap_s = tonumber(f[4] or '0'), tonumber(f[5] or '0'), tonumber(f[6] or '0')
+  local r = fv / math.max(1, cap_v) + fs / math.max(1, cap_s)
+  if fs <= 0 then r = r + PENALTY end
+  local s = tonumber(f[8] or '0') / math.max(1, cap_e) - fv / math.max(1, cap_v) / 1000
+  if fe <= 0 then s = s + PENALTY end
+  return r, s
+end
+
+local function index_key(class, kind)
+  return P .. 'place:' .. (class or '') .. ':' .. kind
+end
+
+-- keep a device's place in its class's indexes: there while alive and available. A change
+-- that leaves encoder use alone (a render lease) moves it in the render index only: the stream
+-- index's memory tie-break then lags until the next stream lease or heartbeat, which only
+-- reorders equally loaded encoders (every candidate's room is checked before a grant).
+local function place(d, f, now, encoders_changed)
+  local rk, sk = index_key(f[3], 'render'), index_key(f[3], 'stream')
+  local ark, ask = index_key(ANY, 'render'), index_key(ANY, 'stream')
+  if tonumber(f[1] or '0') >= now and f[10] == '1' then
+    local r, s = scores(f)
+    redis.call('ZADD', rk, r, d)
+    redis.call('ZADD', ark, r, d)
+    if encoders_changed then
+      redis.call('ZADD', sk, s, d)
+      redis.call('ZADD', ask, s, d)
+    end
+  else
+    redis.call('ZREM', rk, d)
+    redis.call('ZREM', sk, d)
+    redis.call('ZREM', ark, d)
+    redis.call('ZREM', ask, d)
+  end
 end
 
 -- What a lease cost, appended when it ends: device-seconds from its grant to its end (never
 -- past its expiry: a dead holder is charged until its lease ran out, not until it was found),
 -- and the device's measured energy over it where an agent reports NVML's energy counter.
-local function record_usage(id, l, why, now)
+-- ``f`` is the device's fields, already read by the caller (no extra read here). Totals are
+-- integer milliseconds per class and kind, ``m|`` for leases with measured energy, ``u|`` for
+-- the others (estimated from rated power when read): one increment per lease.
+local function record_usage(id, l, why, now, f)
   local project = l[7]
   if not project or project == '' then project = 'unassigned' end
-  local d = redis.call('HMGET', P .. 'device:' .. l[1], 'class', 'model', 'epl')
-  local class = d[1] or 'unknown'
+  local class = f[3] or 'unknown'
   local start = tonumber(l[9] or now)
   local stop = math.max(start, math.min(now, tonumber(l[10] or now)))
-  local secs = (stop - start) / 1000
+  local ms = stop - start
   local joules = ''
-  if l[11] then joules = math.max(0, tonumber(d[3] or '0') - tonumber(l[11])) end
+  if l[11] then joules = math.max(0, tonumber(f[13] or '0') - tonumber(l[11])) end
   redis.call('XADD', P .. 'usage:' .. project, '*', 'lease', id, 'project', project,
              'job', l[8] or '', 'holder', l[12] or '', 'kind', l[6] or '', 'device', l[1],
-             'class', class, 'model', d[2] or '', 'host', l[5] or '', 'vram', l[2],
+             'class', class, 'model', f[12] or '', 'host', l[5] or '', 'vram', l[2],
              'enc', l[3], 'slots', l[4], 'start_ms', start, 'end_ms', stop,
              'energy_j', joules, 'why', why)
-  redis.call('SADD', P .. 'usage-projects', project)
   local tk = P .. 'usage:' .. project .. ':totals'
-  redis.call('HINCRBYFLOAT', tk, 's|' .. class .. '|' .. (l[6] or ''), secs)
-  if joules == '' then
-    redis.call('HINCRBYFLOAT', tk, 'u|' .. class, secs)
-  else
+  local measured = 'u|'
+  if joules ~= '' then
+    measured = 'm|'
     redis.call('HINCRBYFLOAT', tk, 'j|' .. class, joules)
+  end
+  -- a total that starts now may be the project's first: list the project then
+  if redis.call('HINCRBY', tk, measured .. class .. '|' .. (l[6] or ''), ms) == ms then
+    redis.call('SADD', P .. 'usage-projects', project)
   end
 end
 
 -- End a lease: give back exactly its amounts, record its usage, remember why for its late
--- holder. ``now`` (epoch ms) is when it ended.
-local function free(id, why, now)
+-- holder, move its device in the placement indexes. ``now`` (epoch ms) is when it ended.
+-- ``token`` (optional): end it only when it is still this one (a release).
+local function free(id, why, now, token)
   local lk = P .. 'lease:' .. id
   local l = redis.call('HMGET', lk, 'device', 'vram', 'enc', 'slots', 'host', 'kind', 'project',
-                       'job', 'granted', 'expires', 'epl0', 'holder')
+                       'job', 'granted', 'expires', 'epl0', 'holder', 'token')
+  if token ~= nil and l[13] ~= token then return false end
   redis.call('ZREM', P .. 'lease-expiry', id)
   if not l[1] then return false end
   local dk = P .. 'device:' .. l[1]
-  redis.call('HINCRBY', dk, 'used_vram', 0 - tonumber(l[2]))
-  redis.call('HINCRBY', dk, 'used_enc', 0 - tonumber(l[3]))
-  redis.call('HINCRBY', dk, 'used_slots', 0 - tonumber(l[4]))
+  local f = device_fields(l[1])
+  f[7] = tonumber(f[7] or '0') - tonumber(l[2])
+  f[8] = tonumber(f[8] or '0') - tonumber(l[3])
+  f[9] = tonumber(f[9] or '0') - tonumber(l[4])
+  redis.call('HSET', dk, 'used_vram', f[7], 'used_enc', f[8], 'used_slots', f[9])
   if tonumber(l[3]) > 0 then
     redis.call('HINCRBY', P .. 'host:' .. l[5], 'used_enc', 0 - tonumber(l[3]))
   end
   redis.call('SREM', dk .. ':leases', id)
-  record_usage(id, l, why, now)
+  record_usage(id, l, why, now, f)
   redis.call('DEL', lk)
   -- the reason is kept for a holder that did not end the lease itself (expired, revoked)
   if why ~= 'released' then redis.call('SET', lk .. ':gone', why, 'PX', 600000) end
   if string.sub(why, 1, 7) == 'revoked' then
     redis.call('PUBLISH', P .. 'lease-revoked', id)
   end
+  place(l[1], f, now, tonumber(l[3]) > 0)
   return true
 end
 
-local function reclaim_expired(now)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease-expiry', '-inf', now)) do
+local DEAD = "revoked: the device's agent stopped answering"
+
+-- a device whose agents all went silent: its leases end, it leaves the placement indexes
+local function reap_device(d, now)
+  redis.call('ZREM', P .. 'device-alive', d)
+  for _, id in ipairs(redis.call('SMEMBERS', P .. 'device:' .. d .. ':leases')) do
+    free(id, DEAD, now)
+  end
+  local class = redis.call('HGET', P .. 'device:' .. d, 'class')
+  for _, c in ipairs({class, ANY}) do
+    redis.call('ZREM', index_key(c, 'render'), d)
+    redis.call('ZREM', index_key(c, 'stream'), d)
+  end
+end
+
+-- work in proportion to what expired since the last call, never to the farm's size
+local function reclaim(now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease-expiry', '-inf', now,
+                                 'LIMIT', 0, REAP)) do
     free(id, 'expired', now)
+  end
+  for _, d in ipairs(redis.call('ZRANGEBYSCORE', P .. 'device-alive', '-inf', '(' .. now,
+                                'LIMIT', 0, REAP)) do
+    reap_device(d, now)
   end
 end
 """
@@ -90,62 +188,127 @@ ACQUIRE = (
     PRELUDE
     + r"""
 local now = clock(ARGV[1])
-reclaim_expired(now)
+reclaim(now)
 local kind = ARGV[2]
 local vram, enc, slots = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local classes, ids = csv_set(ARGV[9]), csv_set(ARGV[10])
-local any_class, any_id = next(classes) == nil, next(ids) == nil
-local best, best_score, best_f = nil, nil, nil
-local ever = false
-local victims_of = {}
+local class_list, id_list = csv_list(ARGV[9]), csv_list(ARGV[10])
+local classes = {}
+for _, c in ipairs(class_list) do classes[c] = true end
+local any_class = #class_list == 0
 -- host -> whether its encoder budget has room for this request (devices share hosts)
 local host_room = {}
-local devices = redis.call('SMEMBERS', P .. 'devices')
-table.sort(devices)
-for _, d in ipairs(devices) do
-  local dk = P .. 'device:' .. d
-  local f = redis.call('HMGET', dk, 'alive_until', 'host', 'class', 'vram', 'enc', 'slots',
-                       'used_vram', 'used_enc', 'used_slots', 'available', 'unexplained_vram')
-  -- alive while any agent offering it keeps beating
-  local alive = tonumber(f[1] or '0') >= now
-  if not alive then
-    for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
-      free(id, "revoked: the device's agent stopped answering", now)
-      -- freeing gave encoder sessions back to a host: read its budget again
-      host_room = {}
+local function host_ok(host)
+  if enc <= 0 then return true end
+  local ok = host_room[host]
+  if ok == nil then
+    local hb = redis.call('HMGET', P .. 'host:' .. host, 'budget', 'used_enc')
+    local budget = tonumber(hb[1] or '-1')
+    ok = budget < 0 or tonumber(hb[2] or '0') + enc <= budget
+    host_room[host] = ok
+  end
+  return ok
+end
+local function could_ever(f)
+  return tonumber(f[4] or '0') >= vram and tonumber(f[5] or '0') >= enc
+     and tonumber(f[6] or '0') >= slots
+end
+-- usable now: alive, available, room in every dimension and on its host
+local function fits(d, f)
+  if tonumber(f[1] or '0') < now then
+    reap_device(d, now)
+    host_room = {}
+    return false
+  end
+  if f[10] ~= '1' then return false end
+  local fv, fe, fs = room(f)
+  return fv >= vram and fe >= enc and fs >= slots and host_ok(f[2])
+end
+local function score_of(f)
+  local r, s = scores(f)
+  if kind == 'render' then return r end
+  return s
+end
+-- the index walk stops where the kind's own dimension runs out, when the request needs it
+local stop_at = '+inf'
+if (kind == 'render' and slots > 0) or (kind == 'stream' and enc > 0) then
+  stop_at = '(' .. PENALTY
+end
+
+local best, best_score, best_f = nil, nil, nil
+local function consider(d, f, score)
+  if best_score == nil or score < best_score or (score == best_score and d < best) then
+    best, best_score, best_f = d, score, f
+  end
+end
+local ever = false
+local searched = {}
+if #id_list > 0 then
+  -- pinned (a render worker's own device): read those devices only
+  table.sort(id_list)
+  for _, d in ipairs(id_list) do
+    local f = device_fields(d)
+    if f[3] and (any_class or classes[f[3]]) then
+      searched[#searched + 1] = {d, f}
+      if could_ever(f) then ever = true end
+      if fits(d, f) then consider(d, f, score_of(f)) end
     end
   end
-  local cap_v, cap_e, cap_s = tonumber(f[4]), tonumber(f[5]), tonumber(f[6])
-  local wanted = (any_class or classes[f[3]]) and (any_id or ids[d])
-  if wanted and cap_v >= vram and cap_e >= enc and cap_s >= slots then ever = true end
-  if wanted and alive and f[10] == '1' then
-    local fv = cap_v - tonumber(f[7]) - tonumber(f[11] or '0')
-    local fe = cap_e - tonumber(f[8])
-    local fs = cap_s - tonumber(f[9])
-    local host_ok = true
-    if enc > 0 then
-      host_ok = host_room[f[2]]
-      if host_ok == nil then
-        local hb = redis.call('HMGET', P .. 'host:' .. f[2], 'budget', 'used_enc')
-        local budget = tonumber(hb[1] or '-1')
-        host_ok = budget < 0 or tonumber(hb[2] or '0') + enc <= budget
-        host_room[f[2]] = host_ok
+else
+  local walk = class_list
+  if any_class then walk = {ANY} end
+  for _, class in ipairs(walk) do
+    local key = index_key(class, kind)
+    local offset = 0
+    while true do
+      local batch = redis.call('ZRANGEBYSCORE', key, '-inf', stop_at, 'WITHSCORES',
+                               'LIMIT', offset, BATCH)
+      local found = false
+      for i = 1, #batch, 2 do
+        local d, score = batch[i], tonumber(batch[i + 1])
+        -- the first that fits is this class's best; further ones score no better
+        if best_score ~= nil and score > best_score then found = true; break end
+        local f = device_fields(d)
+        if fits(d, f) then consider(d, f, score); found = true; break end
+      end
+      if found or #batch < 2 * BATCH then break end
+      offset = offset + BATCH
+    end
+  end
+end
+
+local revoked = 0
+if best == nil then
+  if #id_list == 0 then
+    -- could any device of those classes ever hold it? (one entry per distinct shape)
+    local shapes = redis.call('HGETALL', P .. 'shapes')
+    for i = 1, #shapes, 2 do
+      local c, v, e, s = string.match(shapes[i], '^(.*)|(%d+)|(%d+)|(%d+)$')
+      if c and tonumber(shapes[i + 1]) > 0 and (any_class or classes[c])
+         and tonumber(v) >= vram and tonumber(e) >= enc and tonumber(s) >= slots then
+        ever = true
+        break
       end
     end
-    if host_ok and fv >= vram and fe >= enc and fs >= slots then
-      local score
-      if kind == 'render' then
-        -- pack: the busiest device that fits (least free share left), so big renders find room
-        score = fv / math.max(1, cap_v) + fs / math.max(1, cap_s)
-      else
-        -- spread: the least loaded encoder, then the most free memory
-        score = tonumber(f[8]) / math.max(1, cap_e) - fv / math.max(1, cap_v) / 1000
+  end
+  if not ever then return {'never'} end
+  if kind ~= 'stream' or ARGV[11] ~= '1' then return {'busy'} end
+  -- preemption (rare: the farm is full for streams) reads every candidate device
+  if #id_list == 0 then
+    if any_class then class_list = {ANY} end
+    for _, class in ipairs(class_list) do
+      for _, d in ipairs(redis.call('ZRANGE', index_key(class, 'stream'), 0, -1)) do
+        searched[#searched + 1] = {d, device_fields(d)}
       end
-      if best_score == nil or score < best_score then best, best_score, best_f = d, score, f end
-    elseif host_ok and kind == 'stream' and ARGV[11] == '1' then
-      -- could it fit if the device's render leases were revoked?
+    end
+  end
+  -- could it fit if the device's render leases were revoked? fewest revocations win
+  local pick, pick_n, pick_v = nil, nil, nil
+  for _, entry in ipairs(searched) do
+    local d, f = entry[1], entry[2]
+    if tonumber(f[1] or '0') >= now and f[10] == '1' and host_ok(f[2]) then
+      local fv, fe, fs = room(f)
       local gv, ge, gs, renders = 0, 0, 0, {}
-      for _, id in ipairs(redis.call('SMEMBERS', dk .. ':leases')) do
+      for _, id in ipairs(redis.call('SMEMBERS', P .. 'device:' .. d .. ':leases')) do
         local l = redis.call('HMGET', P .. 'lease:' .. id, 'kind', 'vram', 'enc', 'slots', 'token')
         if l[1] == 'render' then
           gv, ge, gs = gv + tonumber(l[2]), ge + tonumber(l[3]), gs + tonumber(l[4])
@@ -153,22 +316,15 @@ for _, d in ipairs(devices) do
         end
       end
       if fv + gv >= vram and fe + ge >= enc and fs + gs >= slots then
-        victims_of[d] = {renders, fv, fe, fs, f}
+        if pick == nil or #renders < pick_n or (#renders == pick_n and d < pick) then
+          pick, pick_n, pick_v = d, #renders, {renders, fv, fe, fs}
+        end
       end
     end
   end
-end
-local revoked = 0
-if best == nil then
-  if not ever then return {'never'} end
-  -- preempt on the device that needs the fewest revocations; newest renders go first
-  local pick, pick_n = nil, nil
-  for d, v in pairs(victims_of) do
-    if pick == nil or #v[1] < pick_n or (#v[1] == pick_n and d < pick) then pick, pick_n = d, #v[1] end
-  end
   if pick == nil then return {'busy'} end
-  local v = victims_of[pick]
-  local renders, fv, fe, fs = v[1], v[2], v[3], v[4]
+  local renders, fv, fe, fs = pick_v[1], pick_v[2], pick_v[3], pick_v[4]
+  -- newest renders go first
   table.sort(renders, function(a, b) return a[2] > b[2] end)
   for _, r in ipairs(renders) do
     if fv >= vram and fe >= enc and fs >= slots then break end
@@ -176,25 +332,28 @@ if best == nil then
     fv, fe, fs = fv + r[3], fe + r[4], fs + r[5]
     revoked = revoked + 1
   end
-  best, best_f = pick, v[5]
+  best, best_f = pick, device_fields(pick)
 end
 local dk = P .. 'device:' .. best
-local token = redis.call('HINCRBY', dk, 'token', 1)
+local token = tonumber(best_f[15] or '0') + 1
 local expires = now + tonumber(ARGV[8])
 local id = ARGV[4]
-redis.call('HSET', P .. 'lease:' .. id, 'holder', ARGV[3], 'kind', kind, 'device', best,
+local lk = P .. 'lease:' .. id
+redis.call('HSET', lk, 'holder', ARGV[3], 'kind', kind, 'device', best,
            'vram', vram, 'enc', enc, 'slots', slots, 'host', best_f[2], 'token', token,
            'expires', expires, 'project', ARGV[12], 'granted', now, 'job', ARGV[13] or '')
 -- where an agent reports the device's energy counter, the lease's share of it starts here
-local energy = redis.call('HMGET', dk, 'energy_by', 'epl')
-if energy[1] then redis.call('HSET', P .. 'lease:' .. id, 'epl0', energy[2] or '0') end
-redis.call('DEL', P .. 'lease:' .. id .. ':gone')
+if best_f[14] then redis.call('HSET', lk, 'epl0', best_f[13] or '0') end
+-- (lease ids are fresh uuids: no earlier ``:gone`` record to clear)
 redis.call('ZADD', P .. 'lease-expiry', expires, id)
 redis.call('SADD', dk .. ':leases', id)
-redis.call('HINCRBY', dk, 'used_vram', vram)
-redis.call('HINCRBY', dk, 'used_enc', enc)
-redis.call('HINCRBY', dk, 'used_slots', slots)
+best_f[7] = tonumber(best_f[7] or '0') + vram
+best_f[8] = tonumber(best_f[8] or '0') + enc
+best_f[9] = tonumber(best_f[9] or '0') + slots
+redis.call('HSET', dk, 'used_vram', best_f[7], 'used_enc', best_f[8], 'used_slots', best_f[9],
+           'token', token)
 if enc > 0 then redis.call('HINCRBY', P .. 'host:' .. best_f[2], 'used_enc', enc) end
+place(best, best_f, now, enc > 0)
 return {'ok', best, token, expires, revoked}
 """
 )
@@ -214,8 +373,8 @@ if tonumber(l[2]) < now then
   return {'gone', 'expired'}
 end
 if tonumber(redis.call('HGET', P .. 'device:' .. l[3], 'alive_until') or '0') < now then
-  free(ARGV[2], "revoked: the device's agent stopped answering", now)
-  return {'gone', "revoked: the device's agent stopped answering"}
+  free(ARGV[2], DEAD, now)
+  return {'gone', DEAD}
 end
 local expires = now + tonumber(ARGV[4])
 redis.call('HSET', lk, 'expires', expires)
@@ -228,9 +387,8 @@ return {'ok', expires}
 RELEASE = (
     PRELUDE
     + r"""
-if redis.call('HGET', P .. 'lease:' .. ARGV[1], 'token') ~= ARGV[2] then return 0 end
-free(ARGV[1], 'released', clock(ARGV[3]))
-return 1
+if free(ARGV[1], 'released', clock(ARGV[3]), ARGV[2]) then return 1 end
+return 0
 """
 )
 
@@ -247,14 +405,16 @@ return 1
 """
 )
 
-# ARGV: now|''  -> JSON [now, [[device id, {field: value}, [[lease id, {field: value}], ...]], ...]]
+# ARGV: now|'', device ids csv ('' every device)
+# -> JSON [now, [[device id, {field: value}, [[lease id, {field: value}], ...]], ...]]
 # One atomic read, so counters and leases always agree (a pipeline could interleave a grant).
 SNAPSHOT = (
     PRELUDE
     + r"""
 local now = clock(ARGV[1])
 local out = {}
-local devices = redis.call('SMEMBERS', P .. 'devices')
+local devices = csv_list(ARGV[2])
+if #devices == 0 then devices = redis.call('SMEMBERS', P .. 'devices') end
 table.sort(devices)
 for _, d in ipairs(devices) do
   local dk = P .. 'device:' .. d
@@ -270,7 +430,7 @@ for _, d in ipairs(devices) do
     for i = 1, #lflat, 2 do row[lflat[i]] = lflat[i + 1] end
     table.insert(leases, {id, row})
   end
-  table.insert(out, {d, fields, leases})
+  if #flat > 0 then table.insert(out, {d, fields, leases}) end
 end
 return cjson.encode({now, out})
 """
@@ -289,16 +449,33 @@ redis.call('HSET', P .. 'host:' .. ARGV[4], 'budget', ARGV[5])
 redis.call('HSETNX', P .. 'host:' .. ARGV[4], 'used_enc', 0)
 for _, d in ipairs(cjson.decode(ARGV[6])) do
   local dk = P .. 'device:' .. d['id']
-  if tonumber(redis.call('HGET', dk, 'alive_until') or '0') < until_ms then
-    redis.call('HSET', dk, 'alive_until', until_ms)
-  end
-  redis.call('HSET', dk, 'agent', ARGV[2], 'host', ARGV[4], 'class', d['device_class'],
+  local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape')
+  local alive_until = math.max(tonumber(old[1] or '0'), until_ms)
+  redis.call('HSET', dk, 'alive_until', alive_until)
+  redis.call('ZADD', P .. 'device-alive', alive_until, d['id'])
+  local class = d['device_class']
+  redis.call('HSET', dk, 'agent', ARGV[2], 'host', ARGV[4], 'class', class,
              'model', d['model'], 'vram', d['vram_mib'], 'enc', d['encoder_sessions'],
              'slots', d['render_slots'], 'available', d['available'],
              'unavailable_reason', d['unavailable_reason'],
              'unexplained_vram', d['unexplained_vram_mib'])
   for _, field in ipairs({'used_vram', 'used_enc', 'used_slots', 'token'}) do
     redis.call('HSETNX', dk, field, 0)
+  end
+  if old[2] and old[2] ~= class then
+    redis.call('ZREM', index_key(old[2], 'render'), d['id'])
+    redis.call('ZREM', index_key(old[2], 'stream'), d['id'])
+  end
+  redis.call('SADD', P .. 'classes', class)
+  -- the count of devices of each shape answers "could this ever fit?" without a scan
+  local shape = class .. '|' .. d['vram_mib'] .. '|' .. d['encoder_sessions'] .. '|'
+                .. d['render_slots']
+  if old[3] ~= shape then
+    if old[3] and redis.call('HINCRBY', P .. 'shapes', old[3], -1) <= 0 then
+      redis.call('HDEL', P .. 'shapes', old[3])
+    end
+    redis.call('HINCRBY', P .. 'shapes', shape, 1)
+    redis.call('HSET', dk, 'shape', shape)
   end
   -- NVML's energy counter (J since the driver loaded; -1: not reported). One agent per device
   -- reports it (another takes over when it dies); each increase is split evenly between the
@@ -323,6 +500,7 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
     end
   end
   redis.call('SADD', P .. 'devices', d['id'])
+  place(d['id'], device_fields(d['id']), now, true)
 end
 return 1
 """

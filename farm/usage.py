@@ -170,14 +170,21 @@ def totals(conn: Redis, settings: Settings) -> list[ClassTotals]:
         stored = guard(conn.hgetall, keys.usage_totals(project))
         raw = {_text(k): float(v) for k, v in stored.items()}
         classes: dict[str, dict[str, float]] = {}
+        unmeasured_s: dict[str, float] = {}
         for name, value in raw.items():
             part, _, rest = name.partition("|")
-            if part == "s":
-                device_class, _, kind = rest.partition("|")
-                classes.setdefault(device_class, {})[kind] = value
+            device_class, _, kind = rest.partition("|")
+            # ``m|``/``u|`` are integer ms by class and kind (measured energy or not);
+            # ``s|class|kind`` and ``u|class`` seconds are totals recorded before them
+            seconds = value / 1000 if part in ("m", "u") and kind else value
+            if part in ("s", "m") or (part == "u" and kind):
+                by_kind = classes.setdefault(device_class, {})
+                by_kind[kind] = by_kind.get(kind, 0.0) + seconds
+            if part == "u":
+                unmeasured_s[device_class] = unmeasured_s.get(device_class, 0.0) + seconds
         for device_class, by_kind in sorted(classes.items()):
             energy = raw.get(f"j|{device_class}", 0.0)
-            energy += raw.get(f"u|{device_class}", 0.0) * rates.watt(device_class)
+            energy += unmeasured_s.get(device_class, 0.0) * rates.watt(device_class)
             out.append(ClassTotals(project, device_class, by_kind, energy))
     return out
 
