@@ -185,6 +185,18 @@ class SandboxedApp:
     def pids(self) -> list[int]:
         return self.box.pids() if self.box is not None else []
 
+    def join_ipc(self) -> None:
+        """Join this thread to the sandbox's IPC namespace (x11grab's MIT-SHM then works:
+        without it every frame is copied through the X socket, several times the CPU)."""
+        path = self.box.ipc_namespace() if self.box is not None else None
+        if path is None:
+            log.warning("event=capture_without_shm app=%s reason=no_ipc_namespace", self.app.name)
+            return
+        try:
+            sandbox.join_ipc_namespace(path)
+        except OSError as exc:
+            log.warning("event=capture_without_shm app=%s error=%s", self.app.name, exc)
+
     def stop(self) -> None:
         """Kill every process of the sandbox and free the display; safe to call twice."""
         if self.box is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -107,11 +108,24 @@ class Grabber:
 class X11Grabber(Grabber):
     """PyAV's x11grab of a whole display at ``fps`` (FFmpeg paces the reads)."""
 
-    def __init__(self, slot: FrameSlot, display: str, width: int, height: int, fps: int) -> None:
+    def __init__(
+        self,
+        slot: FrameSlot,
+        display: str,
+        width: int,
+        height: int,
+        fps: int,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(slot, f"x11grab{display}")
         self.display, self.width, self.height, self.fps = display, width, height, fps
+        #: run on the capture thread before the display is opened (a sandboxed display's
+        #: IPC namespace is joined there, so x11grab's MIT-SHM segments reach its Xvfb)
+        self.before = before
 
     def run(self) -> None:
+        if self.before is not None:
+            self.before()
         options = {
             "framerate": str(self.fps),
             "video_size": f"{self.width}x{self.height}",

@@ -158,8 +158,9 @@ class SandboxedSource(Source):
             ).start()
             self.input = XInput(self.box.display)
             self.grabber = X11Grabber(
-                self.slot, self.box.display, self.app.width, self.app.height, self.app.fps
-            )
+                self.slot, self.box.display, self.app.width, self.app.height, self.app.fps,
+                before=self.box.join_ipc,
+            )  # fmt: skip
         except BaseException:
             self.stop()
             raise

@@ -16,6 +16,7 @@ unprivileged user namespaces); on the host the processes then keep the service's
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import logging
 import os
@@ -36,6 +37,7 @@ from farm.lifetime import arm_parent_death_signal
 from farm.settings import Settings
 
 log = logging.getLogger("tessera.sandbox")
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 #: the sandbox's home folder, a private tmpfs
 HOME = Path("/home/sandbox")
@@ -45,6 +47,8 @@ V1_CONTROLLERS = ("memory", "pids", "cpu")
 CGROUP_PARENT = "tessera-sandbox"
 #: CFS period the CPU quota is a share of
 CPU_PERIOD_US = 100_000
+#: setns(2)'s flag for an IPC namespace
+CLONE_NEWIPC = 0x08000000
 #: how long killing a cgroup's processes may take before giving up on removing it
 KILL_TIMEOUT_S = 5.0
 #: files of /etc a dynamically linked program, fontconfig or an X client may read
@@ -420,6 +424,16 @@ class Sandboxed:
             return [self.proc.pid] if self.proc.poll() is None else []
         return self.cgroup.pids()
 
+    def ipc_namespace(self) -> Path | None:
+        """The /proc path of the instance's IPC namespace (None without one)."""
+        mine = os.stat("/proc/self/ns/ipc").st_ino
+        for pid in self.pids():
+            path = Path(f"/proc/{pid}/ns/ipc")
+            with contextlib.suppress(OSError):
+                if path.stat().st_ino != mine:
+                    return path
+        return None
+
     def kill(self) -> None:
         """SIGKILL the whole instance: every process of its cgroup."""
         if self.cgroup is not None:
@@ -485,6 +499,18 @@ def spawn(settings: Settings, spec: SandboxSpec, argv: Sequence[str], **popen: A
              "pids=%d cpu_cores=%g", spec.name, proc.pid, spec.uid, spec.network,
              spec.limits.memory_mib, spec.limits.pids, spec.limits.cpu_cores)  # fmt: skip
     return Sandboxed(spec.name, proc, group)
+
+
+def join_ipc_namespace(path: Path) -> None:
+    """Move the calling thread (only it) into the IPC namespace at ``path``: shared memory it
+    makes from then on is the sandbox's, so an X server there can attach it (MIT-SHM)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _LIBC.setns(fd, CLONE_NEWIPC) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot join the sandbox's IPC namespace: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def check(settings: Settings) -> None:

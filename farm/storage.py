@@ -413,6 +413,11 @@ def tile_key(job_id: str, frame: int, index: int, attempt: int) -> str:
     return f"jobs/{job_id}/tiles/{frame}/{index}-a{attempt}.exr"
 
 
+def tile_log_key(job_id: str, frame: int, index: int, attempt: int) -> str:
+    """A failed attempt's full story (error fields, Blender's log tail): the job's project's."""
+    return f"jobs/{job_id}/logs/{frame}/{index}-a{attempt}.log"
+
+
 def frame_tiles_key(job_id: str, frame: int) -> str:
     return f"jobs/{job_id}/tiles/{frame}"
 

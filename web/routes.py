@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from web import auth, downloads, events, jobs, metrics, openapi, pages, streams, uploads
+from web import auth, downloads, events, jobs, metrics, openapi, pages, streams, tilelogs, uploads
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -118,6 +118,9 @@ def table() -> list[Route]:
         R("POST", "/api/jobs/{job_id}/retry", jobs.retry_job,
           "render the unfinished tiles of a failed job again", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/logs", jobs.job_logs, "the job's events and errors",
+          tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/tiles/{frame}/{tile}/attempts/{attempt}/log",
+          tilelogs.tile_log, "a failed tile attempt's own log (Blender's log tail)",
           tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/frames", downloads.list_frames, "finished frame files",
           tags=("jobs",)),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import glob
 import importlib
 import json
 import os
@@ -26,6 +25,7 @@ from typing import Any
 from farm.lifetime import arm_parent_death_signal
 from farm.settings import GPU_BACKENDS
 from farm.tiling import Rect, border_floats
+from workers import containment, redaction
 from workers.backends import choose_backend
 from workers.exr import read_layers, read_size, write_layers
 
@@ -110,8 +110,10 @@ class Session:
         self.threads = threads
         self.device_name: str | None = "CPU" if device == "cpu" else None
         self.device_error: str | None = None
-        self.open_key: tuple[str, int, int] | None = None
+        self.open_key: tuple[str, int, int, str] | None = None
         self.report: dict[str, Any] | None = None
+        #: external paths of the open file outside its file set, as written (made missing)
+        self.cut: list[str] = []
         #: the file's own per-render settings, restored before each render that does not ask
         #: for something else (the kept-open file serves jobs with different options)
         self.saved: dict[str, Any] = {}
@@ -123,20 +125,24 @@ class Session:
 
     # -- opening
 
-    def open(self, path: str) -> dict[str, Any]:
+    def open(self, path: str, root: str | None = None) -> dict[str, Any]:
+        """Open ``path`` (kept open for later requests) cut off every external file outside
+        ``root``, the job's file set (the .blend's folder when None)."""
         path = os.path.abspath(path)
+        root = os.path.abspath(root) if root else os.path.dirname(path)
+        name = os.path.basename(path)
         try:
             st = os.stat(path)
         except OSError as exc:
             raise ChildError(
-                "bad_blend_file", f"cannot read {path}: {exc.strerror}", path=path
+                "bad_blend_file", f"cannot read {name}: {exc.strerror}", path=path
             ) from None
-        key = (path, st.st_mtime_ns, st.st_size)
+        key = (path, st.st_mtime_ns, st.st_size, root)
         reused = key == self.open_key
         if reused and self.report is not None:
             # The kept file is only as good as a fresh load if its external files (libraries,
             # textures) are still there, or still missing, as they were when it was loaded.
-            reused = _missing_files(self.report["libraries"]) == self.report["missing_files"]
+            reused = _missing_files(root, self.cut) == self.report["missing_files"]
         if not reused:
             self.open_key = None
             self.report = None
@@ -146,14 +152,18 @@ class Session:
             except RuntimeError as exc:
                 raise ChildError(
                     "bad_blend_file",
-                    f"Blender cannot open {path}: {_blender_message(exc)}",
+                    f"Blender cannot open {name}: {_blender_message(exc)}",
                     path=path,
                 ) from None
-            log("opened", path=path, open_s=round(time.perf_counter() - t0, 3))
+            libraries = [lib.filepath for lib in bpy.data.libraries]
+            # Before anything reads an image or a cache (inspection reads image sizes).
+            self.cut = containment.contain(bpy, root)
+            log("opened", path=path, open_s=round(time.perf_counter() - t0, 3),
+                outside=len(self.cut))  # fmt: skip
             self.open_key = key
             self.saved = _file_settings(bpy.context.scene)
             # Inspect now, before any render changes engine, resolution or denoising.
-            self.report = _inspect(path)
+            self.report = _inspect(path, libraries, _missing_files(root, self.cut))
         return {
             "path": path,
             "reused": reused,
@@ -161,8 +171,8 @@ class Session:
             "autoexec_fail_message": bpy.app.autoexec_fail_message or "",
         }
 
-    def inspect(self, path: str) -> dict[str, Any]:
-        self.open(path)
+    def inspect(self, path: str, root: str | None = None) -> dict[str, Any]:
+        self.open(path, root)
         assert self.report is not None
         return self.report
 
@@ -192,7 +202,7 @@ class Session:
 
     def render(self, req: dict[str, Any]) -> dict[str, Any]:
         cycles_device, fallback = self._pick_device(req)
-        opened = self.open(req["path"])
+        opened = self.open(req["path"], req.get("root"))
         scene = bpy.context.scene
         width, height = int(req["width"]), int(req["height"])
         out_path = Path(req["out_path"]).absolute()
@@ -273,7 +283,7 @@ class Session:
         # Cycles' own Python module, present once bpy is imported (no stubs: typed as a module)
         _cycles = importlib.import_module("_cycles")
 
-        self.open(req["path"])
+        self.open(req["path"], req.get("root"))
         scene = bpy.context.scene
         if not getattr(_cycles, "with_openimagedenoise", False):
             raise ChildError("render_failed", "this Blender build has no OpenImageDenoise")
@@ -309,7 +319,7 @@ class Session:
         ``exr_in`` is the linear RGBA frame; ``layers_in`` (the stitched multilayer EXR of every
         pass) is what the compositor reads in place of its Render Layers nodes.
         """
-        self.open(req["path"])
+        self.open(req["path"], req.get("root"))
         scene = bpy.context.scene
         tree = _compositor_tree(scene, self.saved)
         if tree is not None:
@@ -402,9 +412,13 @@ def _save_outputs(image: Any, scene: Any, outputs: list[dict[str, Any]]) -> list
 
 
 def _blender_message(exc: BaseException) -> str:
+    """Blender's message for the user: its lines joined, paths cut to file names (the full
+    text is in this child's log, for operators)."""
     text = str(exc).strip()
+    log("blender_error", text=text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(line.removeprefix("Error: ") for line in lines) or type(exc).__name__
+    joined = "; ".join(line.removeprefix("Error: ") for line in lines)
+    return redaction.public(joined) or type(exc).__name__
 
 
 def _prepare_scene(
@@ -413,6 +427,8 @@ def _prepare_scene(
     render = scene.render
     render.engine = "CYCLES"
     render.use_persistent_data = True
+    # OSL shaders can read any image file by name (texture("/any/path")): SVM only.
+    scene.cycles.shading_system = False
     # Denoising per tile makes every pixel differ and seams show; the frame is denoised once.
     scene.cycles.use_denoising = False
     render.resolution_x = width
@@ -660,34 +676,25 @@ def _packed_or_generated_paths() -> set[str]:
     return skip
 
 
-def _exists(path: str) -> bool:
-    if "<UDIM>" in path or "<UVTILE>" in path:
-        pattern = path.replace("<UDIM>", "[0-9]" * 4).replace("<UVTILE>", "u*_v*")
-        folder, name = os.path.split(pattern)
-        return bool(glob.glob(os.path.join(glob.escape(folder), name)))
-    return os.path.exists(path)
-
-
-def _missing_files(libraries: list[str]) -> list[str]:
+def _missing_files(root: str, cut: list[str]) -> list[str]:
+    """The open file's missing external files as written in Blender: those outside its file set
+    (``cut``, never looked for) and those inside it that are not there."""
     skip = _packed_or_generated_paths()
-    missing = set()
-    for raw in [*bpy.utils.blend_paths(absolute=True, packed=False, local=False), *libraries]:
-        if not raw or raw.startswith("<"):  # "<builtin>" font
-            continue
-        path = os.path.normpath(raw)
-        if path not in skip and not _exists(path):
-            missing.add(path)
+    missing = set(cut)
+    for raw, full in containment.external_paths(bpy):
+        path = os.path.normpath(full)
+        if containment.outside(root, path):
+            missing.add(raw)  # left by contain() (a path it cannot clear): still never looked at
+        elif path not in skip and not containment.exists(path):
+            missing.add(raw)
     return sorted(missing)
 
 
-def _inspect(path: str) -> dict[str, Any]:
+def _inspect(path: str, libraries: list[str], missing: list[str]) -> dict[str, Any]:
+    """The report of the open file; ``libraries`` and ``missing`` as written in Blender."""
     scene = bpy.context.scene
     render = scene.render
     cycles = getattr(scene, "cycles", None)
-    libraries = [
-        os.path.normpath(bpy.path.abspath(lib.filepath, library=lib.parent))
-        for lib in bpy.data.libraries
-    ]
     scripts = [
         f"text {t.name!r} is registered to run on load" for t in bpy.data.texts if t.use_module
     ]
@@ -713,7 +720,7 @@ def _inspect(path: str) -> dict[str, Any]:
         "denoising": bool(cycles.use_denoising) if cycles is not None else False,
         "cameras": sorted(o.name for o in scene.objects if o.type == "CAMERA"),
         "camera": scene.camera.name if scene.camera is not None else None,
-        "missing_files": _missing_files(libraries),
+        "missing_files": missing,
         "libraries": libraries,
         "autoexec_fail": autoexec_fail,
         "autoexec_fail_message": bpy.app.autoexec_fail_message or "",
@@ -774,8 +781,8 @@ def serve(session: Session, cmd_fd: int, reply_fd: int) -> int:
             "device": session.device_name,
             "device_error": session.device_error,
         },
-        "open": lambda req: session.open(req["path"]),
-        "inspect": lambda req: session.inspect(req["path"]),
+        "open": lambda req: session.open(req["path"], req.get("root")),
+        "inspect": lambda req: session.inspect(req["path"], req.get("root")),
         "render": session.render,
         "denoise": session.denoise,
         "convert": session.convert,

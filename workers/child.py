@@ -76,6 +76,11 @@ class BlenderChild(lifetime.ChildHandle):
         #: seconds the last start took, from spawn to the first ping reply
         self.start_s: float | None = None
         self._started_at = 0.0
+        #: the project and file set the child serves (see ``use``); None until bound
+        self.project: str | None = None
+        self.root: Path | None = None
+        #: times ``use`` stopped a running child to serve another project or file set
+        self.switches = 0
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -203,6 +208,23 @@ class BlenderChild(lifetime.ChildHandle):
                     os.close(fd)
         self._cmd_fd = self._reply_fd = None
 
+    def use(self, project: str, root: Path) -> bool:
+        """Serve ``project``'s file set ``root`` (the job's .blend folder or unpacked zip).
+
+        A child never serves two projects, nor two file sets: when either changes, the running
+        child is stopped and the next request starts a fresh one, which sees only the new file
+        set. Returns whether the child was switched.
+        """
+        root = Path(root)
+        if (project, root) == (self.project, self.root):
+            return False
+        switched = self.alive
+        if switched:
+            self.stop()
+            self.switches += 1
+        self.project, self.root = project, root
+        return switched
+
     # --- operations ----------------------------------------------------------------------------
 
     def ping(self, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -210,11 +232,15 @@ class BlenderChild(lifetime.ChildHandle):
 
     def open(self, path: Path, timeout_s: float) -> dict[str, Any]:
         """Open ``path`` in the child (kept open for later requests); says whether it was reused."""
-        return self._call({"op": "open", "path": str(path)}, timeout_s, f"opening {path}")
+        return self._call(
+            {"op": "open", "path": str(path)}, timeout_s, f"opening {Path(path).name}"
+        )
 
     def inspect(self, path: Path, timeout_s: float) -> dict[str, Any]:
         """The inspection report of ``path``: frames, size, samples, cameras, missing files..."""
-        return self._call({"op": "inspect", "path": str(path)}, timeout_s, f"inspecting {path}")
+        return self._call(
+            {"op": "inspect", "path": str(path)}, timeout_s, f"inspecting {Path(path).name}"
+        )
 
     def render(
         self,
@@ -315,6 +341,8 @@ class BlenderChild(lifetime.ChildHandle):
     ) -> dict[str, Any]:
         if start:
             self.start()
+        if self.root is not None and "path" in message:
+            message = {**message, "root": str(self.root)}
         deadline = time.monotonic() + timeout_s
         try:
             self._send(message)
@@ -378,15 +406,16 @@ class BlenderChild(lifetime.ChildHandle):
         tail = self._log_tail()
         if status < 0:
             sig_name = signal.Signals(-status).name
-            how = f"Blender exited with {sig_name} (signal {-status})"
+            how = f"Blender crashed ({sig_name}, signal {-status})"
             exit_code: int | None = None
         else:
             sig_name = None
             how = f"Blender exited with status {status}"
             exit_code = status
-        shown = " | ".join(line for line in tail[-5:] if line.strip()) or "(empty log)"
+        # Blender's log holds server paths and other files' names: operators and the tile's
+        # own log get it (``log_tail``), the user's message does not.
         return BlenderCrashed(
-            f"{how} while {doing}; last log lines: {shown}",
+            f"{how} while {doing}",
             exit_code=exit_code,
             signal=sig_name,
             pid=pid,

@@ -8,8 +8,9 @@ import logging
 import shutil
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from farm import delivery, keys, metrics
@@ -22,8 +23,15 @@ from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.slots import Lease, Request, SlotAllocator
 from farm.states import JobState
-from farm.storage import Storage, cached_upload, frame_tiles_key, tile_key
-from workers import stillmodes
+from farm.storage import (
+    ZIP_FILES,
+    Storage,
+    cached_upload,
+    frame_tiles_key,
+    tile_key,
+    tile_log_key,
+)
+from workers import redaction, stillmodes
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown
 
@@ -69,7 +77,21 @@ class WorkerContext:
         else:
             path = cached_upload(self.storage, source, self.settings.work_dir / "blends")
         if not path.is_file():
-            raise RenderError(f"{source.name} is not readable on worker {self.name}: {path}")
+            log.warning("event=blend_unreadable worker=%s path=%s", self.name, path)
+            raise RenderError(f"{source.name} is not readable on worker {self.name}")
+        return path
+
+    def prepare(self, source: BlendSource, project: str) -> Path:
+        """The .blend of ``source``, with the Blender child serving ``project``'s file set.
+
+        The child never serves two projects (nor two file sets): a crash one project's file
+        causes is never charged to another's task, and a sandboxed child sees one file set.
+        """
+        path = self.blend_path(source)
+        root = file_set_root(source, path)
+        if self.child.use(project, root):
+            log.info("event=child_switch worker=%s project=%s sha256=%s", self.name, project,
+                     source.sha256)  # fmt: skip
         return path
 
     def sweep(self) -> None:
@@ -91,6 +113,15 @@ class WorkerContext:
                 self.queue.enqueue_assembly(job_id, frame, spec.tile_timeout_s)
 
 
+def file_set_root(source: BlendSource, path: Path) -> Path:
+    """The folder of the job's own files: the unpacked zip (its .blend may sit in a subfolder
+    of it), else the .blend's folder."""
+    if ZIP_FILES in source.location:
+        inside = PurePosixPath(source.location.split(ZIP_FILES, 1)[1])
+        return path.parents[len(inside.parts) - 1]
+    return path.parent
+
+
 _context: WorkerContext | None = None
 
 
@@ -108,15 +139,27 @@ def context() -> WorkerContext:
 # --- inspection ------------------------------------------------------------------------------
 
 
-def inspect_blend(source: dict[str, Any], reply_key: str) -> None:
-    """Open the .blend with scripts off and push the report (or the error) onto ``reply_key``."""
+#: error fields an inspection's asker may see; the rest (log tail, paths, pids) stays here
+PUBLIC_FIELDS = frozenset({"reason", "signal", "exit_code", "timeout_s"})
+
+
+def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> None:
+    """Open the .blend with scripts off and push the report (or the error) onto ``reply_key``.
+
+    ``project`` asked for it (empty from older callers: a project of its own).
+    """
     ctx = context()
     src = BlendSource.from_dict(source)
     try:
-        report = ctx.child.inspect(ctx.blend_path(src), ctx.settings.inspect_timeout_s)
+        path = ctx.prepare(src, project or f"inspection:{src.sha256}")
+        report = ctx.child.inspect(path, ctx.settings.inspect_timeout_s)
         reply: dict[str, Any] = {"ok": True, "report": report}
     except FarmError as exc:
-        reply = {"ok": False, **exc.to_dict()}
+        log.warning("event=inspection_failed worker=%s project=%s sha256=%s error=%s "
+                    "message=%r fields=%r", ctx.name, project, src.sha256, exc.code,
+                    exc.message, exc.fields)  # fmt: skip
+        shown = {k: v for k, v in exc.fields.items() if k in PUBLIC_FIELDS}
+        reply = {"ok": False, **shown, "error": exc.code, "message": redaction.public(exc.message)}
     pipe = ctx.conn.pipeline()
     pipe.lpush(reply_key, json.dumps(reply))
     pipe.expire(reply_key, 600)
@@ -139,10 +182,10 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         request = _render_request(ctx, spec, job_id)
         lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S)
     except NoCapacity as exc:
-        _tile_failed(ctx, spec, task, exc.message, counts=False)
+        _tile_failed(ctx, spec, task, exc.message, counts=False, error=exc)
         return
     except FarmError as exc:
-        _tile_failed(ctx, spec, task, exc.message)
+        _tile_failed(ctx, spec, task, exc.message, error=exc)
         return
     try:
         _render_leased(ctx, spec, task, lease)
@@ -170,9 +213,10 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
     renewal = _Renewal(ctx, task, lease)
     stopping = ctx.shutdown.rendering() if ctx.shutdown else contextlib.nullcontext()
     try:
+        blend = ctx.prepare(spec.source, spec.project)
         with renewal, stopping:
             result = ctx.child.render(
-                ctx.blend_path(spec.source),
+                blend,
                 frame=task.frame,
                 width=spec.width,
                 height=spec.height,
@@ -188,17 +232,18 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
         scratch.unlink(missing_ok=True)
         if renewal.lost is not None:
             # preempted or paused past the lease: not the tile's fault
-            _tile_failed(ctx, spec, task, f"lease lost: {renewal.lost}", counts=False)
+            _tile_failed(ctx, spec, task, f"lease lost: {renewal.lost}", counts=False, error=exc)
         elif ctx.shutdown is not None and ctx.shutdown.abandoned.is_set():
             # the machine is going away (spot reclaim, scale-down): not the tile's fault either
             _tile_failed(ctx, spec, task, "worker stopped before the tile finished; requeued",
-                         counts=False)  # fmt: skip
+                         counts=False, error=exc)  # fmt: skip
         else:
-            _tile_failed(ctx, spec, task, exc.message)
+            _tile_failed(ctx, spec, task, exc.message, error=exc)
         return
     except Exception as exc:
         scratch.unlink(missing_ok=True)
-        _tile_failed(ctx, spec, task, f"internal error: {exc!r}")
+        _tile_failed(ctx, spec, task, "internal error on the worker (see the tile's log)",
+                     error=exc)  # fmt: skip
         raise
     if result.get("autoexec_fail"):
         ctx.conn.hset(keys.job(task.job_id), "scripts_blocked", 1)
@@ -220,9 +265,19 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
 
 
 def _tile_failed(
-    ctx: WorkerContext, spec: JobSpec, task: TileTask, reason: str, counts: bool = True
+    ctx: WorkerContext,
+    spec: JobSpec,
+    task: TileTask,
+    reason: str,
+    counts: bool = True,
+    error: BaseException | None = None,
 ) -> None:
-    outcome, next_attempt = ctx.store.fail_tile(task, reason, spec.max_attempts, counts)
+    """Record the failed attempt under a reason the user may read; the whole story (error
+    fields, Blender's log tail) goes to the operator's log and the tile's own log."""
+    if error is not None:
+        _write_tile_log(ctx, task, reason, counts, error)
+    shown = redaction.public(reason, task.job_id)
+    outcome, next_attempt = ctx.store.fail_tile(task, shown, spec.max_attempts, counts)
     metrics.TILES_FAILED.labels(ctx.device.device_class, str(counts).lower()).inc()
     if outcome == "failed":
         metrics.observe_job_end(ctx.store, task.job_id)
@@ -232,6 +287,31 @@ def _tile_failed(
     if outcome == "retry":
         retry = TileTask(task.job_id, task.frame, task.index, next_attempt)
         ctx.queue.stage_tiles([retry], spec.tile_timeout_s)
+
+
+def _write_tile_log(
+    ctx: WorkerContext, task: TileTask, reason: str, counts: bool, error: BaseException
+) -> None:
+    """The attempt's failure in full, stored with the job (only its project reads it)."""
+    fields = dict(error.fields) if isinstance(error, FarmError) else {}
+    tail = fields.pop("log_tail", None) or []
+    lines = [
+        f"job {task.job_id} frame {task.frame} tile {task.index} attempt {task.attempt}",
+        f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name}",
+        f"counts as a failure: {'yes' if counts else 'no'}",
+        f"reason: {reason}",
+        f"error: {getattr(error, 'code', type(error).__name__)}: {error}",
+        *(f"{key}: {value}" for key, value in sorted(fields.items())),
+    ]
+    if not isinstance(error, FarmError):
+        lines += ["", *traceback.format_exception(error)]
+    if tail:
+        lines += ["", "Blender's log (last lines):", *tail]
+    try:
+        key = tile_log_key(task.job_id, task.frame, task.index, task.attempt)
+        ctx.storage.put_bytes(key, ("\n".join(lines) + "\n").encode("utf-8"))
+    except FarmError as exc:  # the log is a courtesy: never fail the failure over it
+        log.warning("event=tile_log_failed job=%s error=%r", task.job_id, exc.message)
 
 
 class _Renewal:
@@ -295,9 +375,10 @@ def assemble_frame(job_id: str, frame: int) -> None:
     try:
         _assemble(ctx, spec, job_id, frame)
     except FarmError as exc:
-        ctx.store.end_job(
-            job_id, JobState.FAILED, f"frame {frame} could not be assembled: {exc.message}"
-        )
+        log.warning("event=assembly_failed job=%s frame=%d error=%s message=%r fields=%r",
+                    job_id, frame, exc.code, exc.message, exc.fields)  # fmt: skip
+        reason = redaction.public(f"frame {frame} could not be assembled: {exc.message}", job_id)
+        ctx.store.end_job(job_id, JobState.FAILED, reason)
         metrics.observe_job_end(ctx.store, job_id)
         return
     outcome = ctx.store.finish_frame(job_id, frame)
@@ -324,7 +405,7 @@ def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> Non
         ]
         # stitch (or merge a sample split), denoise once, write the formats (workers.stillmodes)
         files, still = stillmodes.frame_files(spec, frame, outputs, ctx.child,
-                                              ctx.blend_path(spec.source), work,
+                                              ctx.prepare(spec.source, spec.project), work,
                                               ctx.settings.inspect_timeout_s)  # fmt: skip
         video = stillmodes.animation_preview(ctx.storage, spec, job_id, frame, still, work)
         if video is not None:

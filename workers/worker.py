@@ -55,9 +55,7 @@ def serve(
         settings=settings,
         name=name,
         conn=conn,
-        store=jobstore.JobStore(
-            conn, tile_lease_s=settings.lease_ttl_s
-        ),
+        store=jobstore.JobStore(conn, tile_lease_s=settings.lease_ttl_s),
         queue=queue.RenderQueue(rq_conn, settings.device),
         storage=farm_storage(settings),
         child=child,

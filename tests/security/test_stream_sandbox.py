@@ -133,6 +133,19 @@ def end_all(service: StreamService) -> None:
     asyncio.run(go())
 
 
+def shm_segments(service: StreamService, sid: str) -> list[int]:
+    """Sizes of the SysV shared memory segments in the session's sandbox's IPC namespace."""
+    source = service.sessions[sid].source
+    assert isinstance(source, SandboxedSource) and source.box.box is not None
+    namespace = source.box.box.ipc_namespace()
+    assert namespace is not None
+    listing = subprocess.run(
+        ["nsenter", f"--ipc={namespace}", "cat", "/proc/sysvipc/shm"],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()[1:]  # fmt: skip
+    return [int(line.split()[3]) for line in listing]
+
+
 def test_the_desktop_streams_and_takes_input(service: StreamService) -> None:
     async def go() -> None:
         async with aiohttp.ClientSession(headers=tokens.operator_headers()) as http:
@@ -143,6 +156,9 @@ def test_the_desktop_streams_and_takes_input(service: StreamService) -> None:
             try:
                 frame = await viewer.next_frame(timeout_s=20)
                 assert (frame.frame.width, frame.frame.height) == (640, 480)
+                # the capture shares memory with the sandboxed Xvfb (MIT-SHM in the
+                # sandbox's IPC namespace), rather than copying each frame through the socket
+                assert [n for n in shm_segments(service, sid) if n >= 640 * 480 * 4]
                 await viewer.wait_open()
                 # xterm in the sandbox gets the keys: typed text changes the picture
                 before = frame.frame.to_ndarray(format="gray")
