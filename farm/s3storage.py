@@ -12,6 +12,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -28,6 +29,7 @@ from botocore.exceptions import (
 
 from farm.errors import (
     AlreadyCommitted,
+    BadParameter,
     StorageCorrupt,
     StorageDenied,
     StorageError,
@@ -38,6 +40,7 @@ from farm.settings import Settings
 from farm.storage import (
     CHUNK,
     FILE_MODE,
+    ByteSink,
     Storage,
     StoredObject,
     check_key,
@@ -99,6 +102,9 @@ class S3Storage(Storage):
         # is then hashed on another core while the bytes go up, not after
         self._echoes_crc = True
         self._hasher = ThreadPoolExecutor(1, thread_name_prefix="s3-md5")
+        self._config = config
+        #: signs download links for browsers (FARM_S3_PUBLIC_URL); made on the first link
+        self._public: Any = None
 
     # --- naming --------------------------------------------------------------------------------
 
@@ -417,17 +423,50 @@ class S3Storage(Storage):
     # --- links ---------------------------------------------------------------------------------
 
     def presign(self, key: str, expires_s: int) -> str:
+        """Signed for the public endpoint where there is one: SigV4 signs the host, so a link
+        made for the internal endpoint and rewritten would be refused."""
         try:
-            url: str = self.client.generate_presigned_url(
+            url: str = self._link_client().generate_presigned_url(
                 "get_object", Params=self._where(key), ExpiresIn=expires_s
             )
         except (BotoCoreError, ClientError) as exc:
             raise self._error(exc, "presign", key) from exc
         return url
 
+    def _link_client(self) -> Any:
+        public = self.settings.s3_public_url
+        if not public:
+            return self.client
+        if self._public is None:
+            parts = urlsplit(public)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise BadParameter(
+                    f"FARM_S3_PUBLIC_URL={public!r} is not an http(s)://HOST[:PORT] address"
+                )
+            try:
+                # signing only: this client never connects
+                self._public = boto3.session.Session().client(
+                    "s3", endpoint_url=public, config=self._config
+                )
+            except BotoCoreError as exc:
+                raise StorageError(f"cannot configure S3 links for {public}: {exc}") from exc
+        return self._public
+
+    def browser_links(self) -> bool:
+        # AWS S3's own endpoint is public; a custom one (MinIO at http://minio:9000) needs
+        # FARM_S3_PUBLIC_URL
+        return bool(self.settings.s3_public_url or not self.settings.s3_endpoint_url)
+
+    def copy_to(self, key: str, out: ByteSink) -> None:
+        """Streams the object; its size and sha256 are checked at the end (a mismatch raises
+        after the bytes went out: the reader's copy is cut short, never passed as whole)."""
+        self._download(key, out)
+
     def close(self) -> None:
         self._hasher.shutdown(wait=True)
         self.client.close()
+        if self._public is not None:
+            self._public.close()
 
     # --- errors --------------------------------------------------------------------------------
 

@@ -269,6 +269,23 @@ class Settings:
     """FARM_DEVICE_WATTS: JSON watts per device class, ``{"t4": 70, "cpu": 120}``, to estimate
     energy where NVML has no energy counter (defaults: the boards' rated power)."""
 
+    # --- H4: deployment (issue #12) -----------------------------------------------------------
+
+    s3_public_url: str = ""
+    """FARM_S3_PUBLIC_URL: the S3 endpoint as browsers reach it (``https://files.example.com``):
+    download links are presigned against it while the farm talks to FARM_S3_ENDPOINT_URL.
+    Empty: links go to AWS S3 itself or, with FARM_S3_ENDPOINT_URL set, the web streams the
+    files (an in-cluster name such as ``http://minio:9000`` is no address for a browser)."""
+
+    data_dir: Path | None = None
+    """FARM_DATA_DIR: `farm up`'s Redis, storage and logs; unset = ``$XDG_DATA_HOME/tessera``
+    (``~/.local/share/tessera``), never the current folder."""
+
+    web_farm_metrics: str = "on"
+    """FARM_WEB_FARM_METRICS: ``on``: this web's /metrics carries the farm-wide metrics read
+    from Redis (queues, devices, leases, usage); ``off`` on every web replica but one, or each
+    replica exports them and sums count them once per replica."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -423,15 +440,20 @@ ENV: dict[str, tuple[str, type, float]] = {
     "unpack_max_bytes": ("FARM_UNPACK_MAX_BYTES", int, 1),
     "session_ttl_s": ("FARM_SESSION_TTL_S", float, 1.0),
     "upload_session_ttl_s": ("FARM_UPLOAD_SESSION_TTL_S", float, 1.0),
+    # H4: deployment (issue #12)
+    "s3_public_url": ("FARM_S3_PUBLIC_URL", str, 0),
+    "data_dir": ("FARM_DATA_DIR", Path, 0),
+    "web_farm_metrics": ("FARM_WEB_FARM_METRICS", str, 0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-#: the storage settings that take one of a few words
+#: the settings that take one of a few words
 STORAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "s3_addressing_style": ("auto", "path", "virtual"),
     "s3_sse": ("", "AES256", "aws:kms"),
     "s3_checksum": ("when_supported", "when_required"),
     "tile_retention": ("delete", "keep"),
+    "web_farm_metrics": ("on", "off"),  # H4
 }
 #: SigV4 presigned URLs live at most 7 days
 PRESIGN_MAX_S = 7 * 86400
@@ -457,3 +479,10 @@ def json_object(text: str, name: str, expected: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadParameter(f"{name} must be a JSON object {expected}")
     return data
+
+
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    """`farm up`'s data folder where FARM_DATA_DIR is unset: ``tessera`` in the XDG data home."""
+    env = os.environ if env is None else env
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    return Path(env.get("XDG_DATA_HOME") or home / ".local" / "share") / "tessera"

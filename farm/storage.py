@@ -15,7 +15,7 @@ import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from farm.errors import (
@@ -109,6 +109,12 @@ def check_key(key: str) -> str:
     return key
 
 
+class ByteSink(Protocol):
+    """Where copy_to writes: a file, or a web response fed from a worker thread."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
 class Storage(ABC):
     """What the farm needs from an object store; LocalStorage and S3Storage implement it."""
 
@@ -162,6 +168,14 @@ class Storage(ABC):
         with tempfile.TemporaryDirectory(prefix="tessera-get-") as tmp:
             return self.get(key, Path(tmp) / "object").read_bytes()
 
+    def copy_to(self, key: str, out: ByteSink) -> None:
+        """Write the object's bytes to ``out`` as they arrive (a web response streaming it)."""
+        with (
+            tempfile.TemporaryDirectory(prefix="tessera-get-") as tmp,
+            self.fetch(key, Path(tmp) / "object").open("rb") as src,
+        ):
+            shutil.copyfileobj(src, out, CHUNK)
+
     @abstractmethod
     def stat(self, key: str) -> StoredObject | None:
         """The object's size (and sha256 where recorded), or None when there is none."""
@@ -188,6 +202,11 @@ class Storage(ABC):
     @abstractmethod
     def presign(self, key: str, expires_s: int) -> str:
         """A URL a plain HTTP client can download the object from, for ``expires_s``."""
+
+    def browser_links(self) -> bool:
+        """Whether presign()'s URLs open from a user's browser, outside the farm's network:
+        not a file:// path, nor an in-cluster S3 endpoint; else the web streams the files."""
+        return False
 
     def put_upload(self, src: Path, name: str | None = None) -> BlendSource:
         """Store a .blend under its content hash; the same bytes twice are stored once."""

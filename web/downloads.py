@@ -17,7 +17,7 @@ from aiohttp import web
 from farm.errors import NotFound
 from farm.models import JobSpec
 from farm.settings import Settings
-from farm.storage import LocalStorage, Storage, is_url, open_storage
+from farm.storage import LocalStorage, Storage, content_type, is_url, open_storage
 from web.appkeys import SETTINGS, blocking, waiting
 from web.jobs import job_for
 
@@ -97,8 +97,32 @@ def _frame_number(request: web.Request) -> int:
 async def _serve(request: web.Request, store: Storage, key: str) -> web.StreamResponse:
     if isinstance(store, LocalStorage):
         return web.FileResponse(store.path(key), headers={"Cache-Control": "no-cache"})
-    url = await blocking(request.app, store.presign, key, LINK_TTL_S)
-    raise web.HTTPFound(url)
+    if store.browser_links():
+        url = await blocking(request.app, store.presign, key, LINK_TTL_S)
+        raise web.HTTPFound(url)
+    return await _stream(request, store, key)
+
+
+async def _stream(request: web.Request, store: Storage, key: str) -> web.StreamResponse:
+    """The object's bytes through the web: the store's endpoint is the farm's, not the
+    browser's (MinIO at http://minio:9000 with no FARM_S3_PUBLIC_URL)."""
+    stored = await blocking(request.app, store.stat, key)
+    if stored is None:
+        raise NotFound(f"{key} is no longer stored")
+    resp = web.StreamResponse(
+        headers={"Content-Type": content_type(key), "Cache-Control": "no-cache"}
+    )
+    resp.content_length = stored.size
+    await resp.prepare(request)
+    sink = io.BufferedWriter(_ToResponse(asyncio.get_running_loop(), resp), ZIP_BUFFER_BYTES)
+    await waiting(request.app, _copy, store, key, sink)
+    await resp.write_eof()
+    return resp
+
+
+def _copy(store: Storage, key: str, sink: io.BufferedWriter) -> None:
+    store.copy_to(key, sink)
+    sink.flush()
 
 
 async def frame_file(request: web.Request) -> web.StreamResponse:

@@ -7,7 +7,6 @@ import logging
 import time
 import typing
 import uuid
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -74,7 +73,8 @@ def build_request(body: dict[str, Any], output: str) -> submission.RenderRequest
             values[name] = sep.join(str(i) for i in items)
     if isinstance(values.get("frames"), int):
         values["frames"] = str(values["frames"])
-    return submission.RenderRequest(output=Path(output), **values)
+    # as text: a Path would fold ``s3://bucket/...`` into the local folder ``s3:/bucket/...``
+    return submission.RenderRequest(output=output, **values)
 
 
 def job_json(status: JobStatus) -> dict[str, Any]:

@@ -187,3 +187,11 @@ def test_close_kills_every_process_and_removes_the_cgroup() -> None:
     box.close()
     assert not [p for p in pids if alive(p)]
     assert not [d for d in group.dirs if d.exists()]
+
+
+def test_farm_sandbox_takes_bwrap_or_none_only() -> None:
+    from farm.errors import BadParameter
+
+    assert Settings.from_env({"FARM_SANDBOX": "none"}).sandbox == "none"
+    with pytest.raises(BadParameter, match="FARM_SANDBOX"):
+        Settings.from_env({"FARM_SANDBOX": "docker"})

@@ -164,7 +164,10 @@ async def test_frames_delivered_to_s3_download_by_presigned_link_and_zip(
 
     from farm.storage import open_storage
 
-    settings = web_settings.with_(s3_endpoint_url=s3_endpoint, s3_addressing_style="path")
+    # links presigned for the endpoint browsers reach (tests/web/test_jobs_s3.py: streamed)
+    settings = web_settings.with_(
+        s3_endpoint_url=s3_endpoint, s3_addressing_style="path", s3_public_url=s3_endpoint
+    )
     output = f"s3://{bucket}/renders/shot"
     job_id = make_job(settings, "A", output)
     store = open_storage(output, settings)

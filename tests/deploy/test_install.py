@@ -1,0 +1,210 @@
+"""The package as an operator installs it: `pip install .` with no extras, into a clean venv.
+
+The image runs `pip install .`; a module that imports something only the ``dev`` extra brings
+(Pillow once) kills the service at start there while every test here passes. This builds a
+fresh venv from the working tree's sources (pip reuses its wheel cache: about a minute), then
+imports every module of the four packages from it and starts the services' commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGES = ("farm", "workers", "encoder", "web")
+#: what `pip install .` needs of the checkout (pyproject.toml names the README)
+SOURCES = ("pyproject.toml", "README.md", *PACKAGES)
+#: a cold pip cache on a loaded 2-core machine: bpy alone is a 300 MB wheel
+INSTALL_TIMEOUT_S = 900
+START_TIMEOUT_S = 60
+
+_IMPORT_ALL = """
+import importlib, json, pkgutil, sys
+out = {}
+for name in sys.argv[1:]:
+    package = importlib.import_module(name)
+    out[name] = package.__file__
+    for info in pkgutil.walk_packages(package.__path__, name + "."):
+        if info.name.rsplit(".", 1)[-1] == "__main__":
+            continue  # runs the CLI
+        out[info.name] = importlib.import_module(info.name).__file__
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding `pip install .` of the working tree and nothing else."""
+    root = tmp_path_factory.mktemp("install")
+    src = root / "src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_env())
+    pip = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT_S,
+        env=_env(),
+        cwd=root,
+    )
+    assert pip.returncode == 0, f"pip install . failed:\n{pip.stdout}\n{pip.stderr}"
+    return venv
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The environment of a process that must see the clean venv only, not this checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, **extra}
+
+
+def _farm_env(redis_url: str, tmp: Path) -> dict[str, str]:
+    return _env(
+        FARM_REDIS_URL=redis_url,
+        FARM_STORAGE_DIR=str(tmp / "storage"),
+        FARM_WORK_DIR=str(tmp / "work"),
+    )
+
+
+def test_every_module_imports_without_the_dev_extra(clean_venv: Path, tmp_path: Path) -> None:
+    python = clean_venv / "bin" / "python"
+    # the dev extra did not come along: what imports below comes from the runtime dependencies
+    extra = subprocess.run([python, "-c", "import pytest"], capture_output=True, env=_env())
+    assert extra.returncode != 0, "pytest is installed: the venv is not clean"
+    done = subprocess.run(
+        [python, "-c", _IMPORT_ALL, *PACKAGES],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,  # never the checkout: its packages would shadow the installed ones
+        timeout=300,
+    )
+    assert done.returncode == 0, f"a module does not import from `pip install .`:\n{done.stderr}"
+    files = json.loads(done.stdout)
+    site = str(clean_venv / "lib")
+    assert all(f.startswith(site) for f in files.values()), "imported from outside the venv"
+    src = clean_venv.parent / "src"
+    expected = {
+        ".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+        for name in PACKAGES
+        for p in (src / name).rglob("*.py")
+        if p.name != "__main__.py" and _in_package(p.parent, src)
+    }
+    assert expected <= set(files), f"not imported: {sorted(expected - set(files))}"
+
+
+def _in_package(folder: Path, root: Path) -> bool:
+    """Whether ``folder`` is a package all the way up (farm/examples holds scripts only)."""
+    while folder != root:
+        if not (folder / "__init__.py").is_file():
+            return False
+        folder = folder.parent
+    return True
+
+
+@pytest.mark.parametrize("command", ["worker", "web", "stream", "up"])
+def test_every_service_command_answers_help(clean_venv: Path, command: str) -> None:
+    done = subprocess.run(
+        [clean_venv / "bin" / "farm", command, "--help"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=START_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: farm {command}")
+
+
+def test_a_worker_starts_serves_its_queue_and_quits(
+    clean_venv: Path, redis_url: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [clean_venv / "bin" / "farm", "worker", "--burst", "--name", "clean-venv"],
+        capture_output=True,
+        text=True,
+        env=_farm_env(redis_url, tmp_path),
+        cwd=tmp_path,
+        timeout=START_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Listening on tessera-render-cpu" in done.stderr
+
+
+@pytest.fixture
+def started(
+    clean_venv: Path, redis_url: str, tmp_path: Path
+) -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _start(
+    procs: list[subprocess.Popen[str]], argv: list[str | Path], env: dict[str, str], cwd: Path
+) -> tuple[subprocess.Popen[str], str]:
+    """Start a service; its URL from the JSON line it prints once listening."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
+    procs.append(proc)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        proc.kill()
+        _out, err = proc.communicate()
+        pytest.fail(f"{argv[1]} did not start:\n{err}")
+    return proc, str(json.loads(line)["url"])
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _stops_cleanly(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=START_TIMEOUT_S)
+    assert proc.returncode == 0, err
+
+
+def test_web_and_stream_service_start_and_answer(
+    clean_venv: Path, redis_url: str, tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    farm = clean_venv / "bin" / "farm"
+    env = _farm_env(redis_url, tmp_path)
+    web, web_url = _start(started, [farm, "web", "--port", "0"], env, tmp_path)
+    with urllib.request.urlopen(f"{web_url}/api/openapi.json", timeout=10) as resp:
+        assert json.load(resp)["openapi"].startswith("3.")
+    stream, stream_url = _start(
+        started, [farm, "stream", "--device", "cpu", "--port", "0"], env, tmp_path
+    )
+    assert _http_status(stream_url) > 0  # it answers HTTP (its routes want a token)
+    _stops_cleanly(stream)
+    _stops_cleanly(web)
