@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-index", type=int, help="overrides FARM_GPU_INDEX")
     p.add_argument("--port", type=int, help="overrides FARM_STREAM_PORT (0: a free port)")
 
+    p = sub.add_parser(
+        "stream-token", help="print an operator's stream token, signed with FARM_STREAM_SECRET"
+    )
+    p.add_argument("--ttl", type=float, default=3600.0, help="its lifetime, s (default 3600)")
+
     p = sub.add_parser("web", help="serve the web UI and API (FARM_WEB_HOST:FARM_WEB_PORT)")
     p.add_argument("--host", help="overrides FARM_WEB_HOST")
     p.add_argument("--port", type=int, help="overrides FARM_WEB_PORT (0: a free port)")
@@ -485,6 +490,13 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | 
     return None
 
 
+def cmd_stream_token(settings: Settings, args: argparse.Namespace) -> None:
+    from farm import streamauth
+
+    streamauth.check_secret(settings.stream_secret)
+    print(streamauth.operator_token(settings.stream_secret, args.ttl))
+
+
 COMMANDS = {
     "render": cmd_render,
     "submit": cmd_submit,
@@ -495,6 +507,7 @@ COMMANDS = {
     "gpus": cmd_gpus,
     "usage": cmd_usage,
     "stream": cmd_stream,
+    "stream-token": cmd_stream_token,
     "web": cmd_web,
     "up": cmd_up,
     "token": cmd_token,

@@ -157,3 +157,17 @@ def test_the_service_refuses_to_start_without_a_secret(tmp_path: Any, redis_url:
     settings = Settings().with_(redis_url=redis_url, device="cpu", stream_port=0)
     with pytest.raises(SetupError, match="FARM_STREAM_SECRET"), running(settings):
         pass
+
+
+def test_farm_stream_token_prints_an_operator_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from farm import cli
+
+    monkeypatch.setenv("FARM_STREAM_SECRET", tokens.STREAM_SECRET)
+    assert cli.main(["stream-token", "--ttl", "60"]) == 0
+    claims = streamauth.verify(tokens.STREAM_SECRET, capsys.readouterr().out.strip())
+    assert claims.operator and claims.exp <= time.time() + 60
+    monkeypatch.setenv("FARM_STREAM_SECRET", "short")
+    assert cli.main(["stream-token"]) != 0
+    assert "FARM_STREAM_SECRET" in capsys.readouterr().err
