@@ -84,8 +84,13 @@ def _claim_display() -> tuple[int, Path]:
     """A display number free on the host, held by its X lock file (created exclusively)."""
     X11_DIR.mkdir(mode=0o1777, exist_ok=True)
     for number in range(FIRST_DISPLAY, LAST_DISPLAY + 1):
-        lock = Path(f"/tmp/.X{number}-lock")
-        if (X11_DIR / f"X{number}").exists() or (X11_DIR / f"X{number}").is_symlink():
+        lock, link = Path(f"/tmp/.X{number}-lock"), X11_DIR / f"X{number}"
+        if _stale(lock):
+            # left by a service that died: its sandbox died with it
+            for path in (link, lock):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        if link.exists() or link.is_symlink():
             continue
         try:
             fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
@@ -95,6 +100,21 @@ def _claim_display() -> tuple[int, Path]:
             f.write(f"{os.getpid():10d}\n")
         return number, lock
     raise SourceFailed(f"no free X display number from {FIRST_DISPLAY} to {LAST_DISPLAY}")
+
+
+def _stale(lock: Path) -> bool:
+    """The X lock file names a process that is gone (an X server's or a dead service's)."""
+    try:
+        pid = int(lock.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class SandboxedApp:

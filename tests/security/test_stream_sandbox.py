@@ -194,3 +194,18 @@ def test_ending_a_session_kills_its_whole_sandbox(service: StreamService) -> Non
     assert not [d for d in dirs if d.exists()]
     assert not appbox.X11_DIR.joinpath(f"X{number}").is_symlink()
     end_all(service)
+
+
+def test_a_display_number_left_by_a_dead_service_is_taken_again() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    number, lock = appbox._claim_display()
+    # as a killed service leaves them: its lock file and the link into its socket folder
+    lock.write_text(f"{dead.pid:10d}\n")
+    (appbox.X11_DIR / f"X{number}").symlink_to("/nonexistent/X")
+    again, lock = appbox._claim_display()
+    try:
+        assert again == number
+        assert not (appbox.X11_DIR / f"X{number}").is_symlink()
+    finally:
+        lock.unlink()
