@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         "up", help="the whole local stack: Redis, web on 127.0.0.1:8080, workers, streams"
     )
     p.add_argument(
-        "--data", type=Path, default=Path("tessera-data"), help="data folder (./tessera-data)"
+        "--data",
+        type=Path,
+        help="data folder (default FARM_DATA_DIR, else ~/.local/share/tessera or $XDG_DATA_HOME)",
     )
     p.add_argument("--port", type=int, help="web port (default 8080; 0: a free port)")
 

@@ -15,7 +15,7 @@ from farm import jobstore, lifetime
 from farm.embedded import LocalWorkers
 from farm.nvml import open_nvml
 from farm.redisserver import RedisServer
-from farm.settings import Settings
+from farm.settings import Settings, default_data_dir
 from web.accounts import Accounts
 from web.serve import run
 
@@ -65,9 +65,15 @@ class StreamServices:
         lifetime.stop_all(self.procs, STOP_GRACE_S)
 
 
-def up(settings: Settings, data_dir: Path, out: TextIO = sys.stderr) -> None:
-    """Run the stack from ``data_dir`` until Ctrl-C; stops every part it started."""
-    data_dir = data_dir.resolve()
+def data_folder(settings: Settings, given: Path | None) -> Path:
+    """Where `farm up` keeps Redis, storage and logs: ``--data``, FARM_DATA_DIR, else
+    ``tessera`` in the XDG data home; never the folder it was started in (a checkout)."""
+    return (given or settings.data_dir or default_data_dir()).resolve()
+
+
+def up(settings: Settings, data_dir: Path | None = None, out: TextIO = sys.stderr) -> None:
+    """Run the stack from ``data_dir`` (see data_folder) until Ctrl-C; stops what it started."""
+    data_dir = data_folder(settings, data_dir)
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with RedisServer(data_dir / "redis", appendonly=True) as redis_server:
