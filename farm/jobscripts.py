@@ -9,6 +9,7 @@ table.
 
 from __future__ import annotations
 
+from farm import keys
 from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS
 
 
@@ -24,6 +25,12 @@ PRELUDE = f"""
 local JOB_NEXT = {_lua_table(JOB_TRANSITIONS)}
 local TILE_NEXT = {_lua_table(TILE_TRANSITIONS)}
 local FINAL = {{done=true, failed=true, canceled=true}}
+-- the sweep's indexes: rendering tiles by lease deadline, assembled frames by assembly deadline,
+-- requeued tiles by when they were requeued (until their push to the queue is confirmed)
+local TILE_DEADLINES = '{keys.TILE_DEADLINES}'
+local FRAME_DEADLINES = '{keys.FRAME_DEADLINES}'
+local REQUEUED = '{keys.REQUEUED}'
+local JOB_PREFIX = '{keys.job("")}'
 
 local function event(evk, fields)
   redis.call('XADD', evk, 'MAXLEN', '~', 100000, '*', unpack(fields))
@@ -71,18 +78,21 @@ if redis.call('HGET', KEYS[2], tile) ~= 'queued' or redis.call('HGET', KEYS[2], 
 end
 tile_move(KEYS[2], tile, 'rendering')
 redis.call('HSET', KEYS[2], tile .. ':d', ARGV[6])
+redis.call('ZADD', TILE_DEADLINES, ARGV[6], ARGV[1] .. '|' .. tile)
+redis.call('ZREM', REQUEUED, ARGV[1] .. '|' .. tile)
 if st == 'queued' then job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[5], '') end
 tile_event(KEYS[3], ARGV[1], ARGV[5], 'rendering', ARGV[2], ARGV[3], ARGV[4], '')
 return 'ok'
 """
 )
 
-# KEYS: tiles   ARGV: tile, attempt, deadline
-TOUCH_TILE = """
+# KEYS: tiles   ARGV: tile, attempt, deadline, job id
+TOUCH_TILE = f"""
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= 'rendering' or redis.call('HGET', KEYS[1], ARGV[1] .. ':a') ~= ARGV[2] then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1] .. ':d', ARGV[3])
+redis.call('ZADD', '{keys.TILE_DEADLINES}', ARGV[3], ARGV[4] .. '|' .. ARGV[1])
 return 1
 """
 
@@ -117,11 +127,13 @@ if FINAL[st] then
 end
 tile_move(KEYS[2], tile, 'done')
 redis.call('HDEL', KEYS[2], tile .. ':d')
+redis.call('ZREM', TILE_DEADLINES, ARGV[1] .. '|' .. tile)
 local done = redis.call('HINCRBY', KEYS[1], 'tiles_done', 1)
 tile_event(KEYS[5], ARGV[1], ARGV[5], 'done', ARGV[2], ARGV[3], ARGV[4], '')
 local result = 'ok'
 if redis.call('HINCRBY', KEYS[3], ARGV[2], 1) == tonumber(ARGV[6]) then
   redis.call('HSET', KEYS[4], ARGV[2], ARGV[7])
+  redis.call('ZADD', FRAME_DEADLINES, ARGV[7], ARGV[1] .. '|' .. ARGV[2])
   result = 'frame_ready'
 end
 if done == tonumber(redis.call('HGET', KEYS[1], 'tiles_total')) then
@@ -152,10 +164,13 @@ if ARGV[8] == '1' then
   redis.call('HINCRBY', KEYS[1], 'tile_failures', 1)
 end
 redis.call('HDEL', KEYS[2], tile .. ':d')
+redis.call('ZREM', TILE_DEADLINES, ARGV[1] .. '|' .. tile)
 if failures < tonumber(ARGV[7]) then
   local next_attempt = tonumber(ARGV[4]) + 1
   tile_move(KEYS[2], tile, 'queued')
   redis.call('HSET', KEYS[2], tile .. ':a', next_attempt)
+  -- until the caller confirms its push to the queue, the sweep may push it (a crash between)
+  redis.call('ZADD', REQUEUED, ARGV[5], ARGV[1] .. '|' .. tile)
   tile_event(KEYS[3], ARGV[1], ARGV[5], 'queued', ARGV[2], ARGV[3], next_attempt, ARGV[6])
   return {'retry', next_attempt}
 end
@@ -172,6 +187,7 @@ FINISH_FRAME = (
     PRELUDE
     + """
 if redis.call('HDEL', KEYS[2], ARGV[2]) == 0 then return 'stale' end
+redis.call('ZREM', FRAME_DEADLINES, ARGV[1] .. '|' .. ARGV[2])
 local st = redis.call('HGET', KEYS[1], 'state')
 if FINAL[st] then return 'job_' .. st end
 local done = redis.call('HINCRBY', KEYS[1], 'frames_done', 1)
@@ -183,10 +199,11 @@ return 'ok'
 """
 )
 
-# KEYS: job, assembling   ARGV: frame, deadline   (an assembler claims or renews a frame)
-CLAIM_FRAME = """
+# KEYS: job, assembling   ARGV: frame, deadline, job id   (an assembler claims or renews a frame)
+CLAIM_FRAME = f"""
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', '{keys.FRAME_DEADLINES}', ARGV[2], ARGV[3] .. '|' .. ARGV[1])
 return 1
 """
 
@@ -234,10 +251,12 @@ for i = 1, #all, 2 do
       local failures = redis.call('HINCRBY', KEYS[2], name .. ':f', 1)
       redis.call('HINCRBY', KEYS[1], 'tile_failures', 1)
       redis.call('HDEL', KEYS[2], name .. ':d')
+      redis.call('ZREM', TILE_DEADLINES, ARGV[1] .. '|' .. name)
       local why = 'the worker rendering it stopped answering'
       if failures < tonumber(ARGV[3]) then
         tile_move(KEYS[2], name, 'queued')
         redis.call('HSET', KEYS[2], name .. ':a', attempt + 1)
+        redis.call('ZADD', REQUEUED, ARGV[2], ARGV[1] .. '|' .. name)
         tile_event(KEYS[4], ARGV[1], ARGV[2], 'queued', frame, index, attempt + 1, why)
         table.insert(out, 't'); table.insert(out, frame); table.insert(out, index)
         table.insert(out, tostring(attempt + 1))
@@ -255,6 +274,7 @@ local frames = redis.call('HGETALL', KEYS[3])
 for i = 1, #frames, 2 do
   if tonumber(frames[i + 1]) < now then
     redis.call('HSET', KEYS[3], frames[i], ARGV[4])
+    redis.call('ZADD', FRAME_DEADLINES, ARGV[4], ARGV[1] .. '|' .. frames[i])
     table.insert(out, 'f'); table.insert(out, frames[i])
   end
 end
@@ -281,6 +301,7 @@ for i = 1, #all, 2 do
     local attempt = tonumber(redis.call('HGET', KEYS[2], name .. ':a') or '0') + 1
     redis.call('HSET', KEYS[2], name, 'queued', name .. ':a', attempt)
     redis.call('HDEL', KEYS[2], name .. ':f', name .. ':d')
+    redis.call('ZADD', REQUEUED, ARGV[2], ARGV[1] .. '|' .. name)
     local sep = string.find(name, ':')
     local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
     tile_event(KEYS[3], ARGV[1], ARGV[2], 'queued', frame, index, attempt, 'retried by the user')
@@ -291,6 +312,102 @@ if #out == 1 then return {'nothing'} end
 redis.call('HSET', KEYS[1], 'reason', '')
 redis.call('HDEL', KEYS[1], 'finished_s')
 job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[2], '')
+return out
+"""
+)
+
+# KEYS: the sweeper's lease   ARGV: sweeper name, now (epoch s), lease_ms, limit,
+#       assembly deadline, requeue grace (s)
+# The farm's one recovery sweep, run by whichever worker holds the sweeper's lease (the others
+# get {'follower'} at the cost of one read). Its work is what expired since the last sweep:
+# rendering tiles whose lease deadline passed (requeued, or failing their job once out of
+# attempts), frame assemblies past their deadline (offered again), and requeued tiles whose push
+# to the queue was never confirmed (checked against the queue by the caller).
+# Returns {'leader', 't', job, frame, index, attempt, ..., 'f', job, frame, ..., 'p', job, frame,
+# index, attempt, ...}.
+SWEEP = (
+    PRELUDE
+    + """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return {'follower'} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+local now, limit = tonumber(ARGV[2]), tonumber(ARGV[4])
+local out = {'leader'}
+local function split(member)
+  local sep = string.find(member, '|', 1, true)
+  return string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
+end
+local function attempts_of(jk)
+  local spec = cjson.decode(redis.call('HGET', jk, 'spec') or '{}')
+  return tonumber(spec['max_attempts'] or 3)
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' .. now,
+                                   'LIMIT', 0, limit)) do
+  redis.call('ZREM', TILE_DEADLINES, member)
+  local jid, name = split(member)
+  local jk = JOB_PREFIX .. jid
+  local tk, evk = jk .. ':tiles', jk .. ':events'
+  local st = redis.call('HGET', jk, 'state')
+  local deadline = tonumber(redis.call('HGET', tk, name .. ':d') or '0')
+  if st and not FINAL[st] and redis.call('HGET', tk, name) == 'rendering' then
+    if deadline >= now then
+      redis.call('ZADD', TILE_DEADLINES, deadline, member)
+    else
+      local sep = string.find(name, ':', 1, true)
+      local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
+      local attempt = tonumber(redis.call('HGET', tk, name .. ':a'))
+      local failures = redis.call('HINCRBY', tk, name .. ':f', 1)
+      redis.call('HINCRBY', jk, 'tile_failures', 1)
+      redis.call('HDEL', tk, name .. ':d')
+      local why = 'the worker rendering it stopped answering'
+      if failures < attempts_of(jk) then
+        tile_move(tk, name, 'queued')
+        redis.call('HSET', tk, name .. ':a', attempt + 1)
+        redis.call('ZADD', REQUEUED, now, member)
+        tile_event(evk, jid, ARGV[2], 'queued', frame, index, attempt + 1, why)
+        for _, v in ipairs({'t', jid, frame, index, tostring(attempt + 1)}) do
+          table.insert(out, v)
+        end
+      else
+        tile_move(tk, name, 'failed')
+        tile_event(evk, jid, ARGV[2], 'failed', frame, index, attempt, why)
+        job_move(jk, evk, jid, 'failed', ARGV[2],
+          'frame ' .. frame .. ' tile ' .. index .. ' failed after ' .. failures .. ' attempt(s): ' .. why)
+      end
+    end
+  end
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', FRAME_DEADLINES, '-inf', '(' .. now,
+                                   'LIMIT', 0, limit)) do
+  local jid, frame = split(member)
+  local jk = JOB_PREFIX .. jid
+  local ak = jk .. ':assembling'
+  local st = redis.call('HGET', jk, 'state')
+  local deadline = redis.call('HGET', ak, frame)
+  if not st or FINAL[st] or not deadline then
+    redis.call('ZREM', FRAME_DEADLINES, member)
+  elseif tonumber(deadline) >= now then
+    redis.call('ZADD', FRAME_DEADLINES, deadline, member)
+  else
+    redis.call('HSET', ak, frame, ARGV[5])
+    redis.call('ZADD', FRAME_DEADLINES, ARGV[5], member)
+    table.insert(out, 'f'); table.insert(out, jid); table.insert(out, frame)
+  end
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',
+                                   '(' .. (now - tonumber(ARGV[6])), 'LIMIT', 0, limit)) do
+  redis.call('ZREM', REQUEUED, member)
+  local jid, name = split(member)
+  local tk = JOB_PREFIX .. jid .. ':tiles'
+  local st = redis.call('HGET', JOB_PREFIX .. jid, 'state')
+  if st and not FINAL[st] and redis.call('HGET', tk, name) == 'queued' then
+    local sep = string.find(name, ':', 1, true)
+    for _, v in ipairs({'p', jid, string.sub(name, 1, sep - 1), string.sub(name, sep + 1),
+                        redis.call('HGET', tk, name .. ':a')}) do
+      table.insert(out, v)
+    end
+  end
+end
 return out
 """
 )

@@ -32,6 +32,19 @@ class Recovery:
     frames: list[int]
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What the farm's recovery sweep found (nothing when another worker is the sweeper)."""
+
+    leader: bool
+    #: attempts requeued because their worker stopped renewing them: to push to the queue
+    tiles: list[TileTask]
+    #: (job, frame) assemblies past their deadline: to queue again
+    frames: list[tuple[str, int]]
+    #: requeued attempts whose push was never confirmed: push those the queue does not hold
+    unconfirmed: list[TileTask]
+
+
 class JobStore:
     def __init__(self, conn: Redis, tile_lease_s: float = TILE_LEASE_S) -> None:
         self.conn = conn
@@ -46,6 +59,7 @@ class JobStore:
         self._end = conn.register_script(jobscripts.END_JOB)
         self._recover = conn.register_script(jobscripts.RECOVER)
         self._retry = conn.register_script(jobscripts.RETRY_FAILED)
+        self._sweep = conn.register_script(jobscripts.SWEEP)
 
     # --- creating -------------------------------------------------------------------------
 
@@ -139,7 +153,19 @@ class JobStore:
         return ids
 
     def active_job_ids(self) -> list[str]:
-        return [j for j in self.job_ids(1000) if self.state(j) not in JOB_FINAL]
+        ids = self.job_ids(1000)
+        states = self._call(self._pipelined_states, ids)
+        return [j for j, st in zip(ids, states, strict=True) if st and st not in JOB_FINAL]
+
+    def states(self, job_ids: list[str]) -> list[str | None]:
+        """The state of each job (None: no such job), in one round trip."""
+        return list(self._call(self._pipelined_states, job_ids))
+
+    def _pipelined_states(self, job_ids: list[str]) -> list[str | None]:
+        pipe = self.conn.pipeline(transaction=False)
+        for j in job_ids:
+            pipe.hget(keys.job(j), "state")
+        return list(pipe.execute()) if job_ids else []
 
     def events(self, job_id: str, after: str = "0", block_ms: int | None = None) -> list[Event]:
         reply = self._call(
@@ -167,7 +193,11 @@ class JobStore:
         """Renew a rendering tile's lease; False when it is no longer ours."""
         deadline = time.time() + self.tile_lease_s
         return bool(
-            self._run(self._touch, [keys.tiles(task.job_id)], [task.key, task.attempt, deadline])
+            self._run(
+                self._touch,
+                [keys.tiles(task.job_id)],
+                [task.key, task.attempt, deadline, task.job_id],
+            )
         )
 
     def finish_tile(
@@ -230,7 +260,9 @@ class JobStore:
         deadline = time.time() + ASSEMBLY_LEASE_S
         return bool(
             self._run(
-                self._claim_frame, [keys.job(job_id), keys.assembling(job_id)], [frame, deadline]
+                self._claim_frame,
+                [keys.job(job_id), keys.assembling(job_id)],
+                [frame, deadline, job_id],
             )
         )
 
@@ -290,6 +322,42 @@ class JobStore:
                 frames.append(int(flat[i + 1]))
                 i += 2
         return Recovery(tiles, frames)
+
+    def sweep(
+        self, sweeper: str, period_s: float, limit: int = 1000, requeue_grace_s: float | None = None
+    ) -> Sweep:
+        """One pass of the farm's recovery sweep, if ``sweeper`` holds (or takes) its lease.
+
+        Every worker calls this each ``period_s``; one holds the lease (for two periods, so a
+        missed beat keeps it, a dead sweeper is replaced) and does the work, which is in
+        proportion to what expired, never to the number of jobs or workers.
+        """
+        now = time.time()
+        grace = period_s if requeue_grace_s is None else requeue_grace_s
+        flat = self._run(
+            self._sweep,
+            [keys.SWEEPER],
+            [sweeper, now, int(period_s * 2000), limit, now + ASSEMBLY_LEASE_S, grace],
+        )
+        tiles: list[TileTask] = []
+        frames: list[tuple[str, int]] = []
+        unconfirmed: list[TileTask] = []
+        i = 1
+        while i < len(flat):
+            if flat[i] == "f":
+                frames.append((str(flat[i + 1]), int(flat[i + 2])))
+                i += 3
+                continue
+            task = TileTask(str(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), int(flat[i + 4]))
+            (tiles if flat[i] == "t" else unconfirmed).append(task)
+            i += 5
+        return Sweep(flat[0] == "leader", tiles, frames, unconfirmed)
+
+    def confirm_pushed(self, tasks: list[TileTask]) -> None:
+        """The requeued attempts are in the queue: the sweep need not look at them again."""
+        if tasks:
+            members = [f"{t.job_id}|{t.key}" for t in tasks]
+            self._call(self.conn.zrem, keys.REQUEUED, *members)
 
     def queued_tasks(self, job_id: str) -> list[TileTask]:
         """The current attempt of every queued tile of a job."""

@@ -8,6 +8,14 @@ PREFIX = "tessera"
 JOBS = f"{PREFIX}:jobs"
 #: hash job id -> priority, for the jobs whose priority is not 0 (the queue's order reads it)
 PRIORITIES = f"{PREFIX}:priorities"
+#: sorted set: ``job|frame:index`` -> lease deadline (epoch s) of every rendering tile
+TILE_DEADLINES = f"{PREFIX}:tile-deadlines"
+#: sorted set: ``job|frame`` -> assembly deadline (epoch s) of every frame whose tiles are in
+FRAME_DEADLINES = f"{PREFIX}:frame-deadlines"
+#: sorted set: ``job|frame:index`` -> when requeued (epoch s), until its push to rq is confirmed
+REQUEUED = f"{PREFIX}:requeued"
+#: string with a TTL: the worker that runs the recovery sweep (one at a time)
+SWEEPER = f"{PREFIX}:sweeper"
 
 
 def job(job_id: str) -> str:
@@ -148,8 +156,41 @@ def token(token_sha256: str) -> str:
 
 
 def web_session(session_sha256: str) -> str:
-    """String with a TTL: the user a browser session cookie (by its sha256) logs in as."""
+    """Hash with a TTL: ``user``, ``token_id`` (the token it was made with), ``created`` and
+    ``expires`` of a browser session cookie (by its sha256)."""
     return f"{PREFIX}:websession:{session_sha256}"
+
+
+def user_sessions(name: str) -> str:
+    """Sorted set: session sha256 -> expiry (epoch s) of one user's browser sessions."""
+    return f"{PREFIX}:user:{name}:sessions"
+
+
+def token_sessions(token_id: str) -> str:
+    """Set: the sha256 of every browser session made with one API token (ended with it)."""
+    return f"{PREFIX}:token-sessions:{token_id}"
+
+
+def project_inflight(project_id: str, kind: str) -> str:
+    """Sorted set: holder id -> expiry (epoch ms) of a project's work in flight of one kind
+    (``uploads``, ``inspections``, ``checks``); its size is held to the project's limit."""
+    return f"{PREFIX}:project:{project_id}:inflight:{kind}"
+
+
+def project_limits(project_id: str) -> str:
+    """Hash: limit name -> the project's own value (a farm admin's), over the settings'."""
+    return f"{PREFIX}:project:{project_id}:limits"
+
+
+def project_submit_lock(project_id: str) -> str:
+    """Lock held while a job of the project is checked against its budget and created, so two
+    submissions at once cannot both fit in the room for one."""
+    return f"{PREFIX}:project:{project_id}:submit-lock"
+
+
+def project_stored_bytes(project_id: str) -> str:
+    """String (integer): bytes of the project's upload records (each counted once)."""
+    return f"{PREFIX}:project:{project_id}:stored-bytes"
 
 
 def stored_upload(sha256: str) -> str:

@@ -89,28 +89,31 @@ class WorkerContext:
         """
         path = self.blend_path(source)
         root = file_set_root(source, path)
+        if root.stat().st_mode & 0o005 != 0o005 and root.is_relative_to(self.settings.work_dir):
+            # the cache's unpacked zip was made by mkdtemp (0700): the sandbox's user reads it
+            root.chmod(0o755)
         if self.child.use(project, root):
             log.info("event=child_switch worker=%s project=%s sha256=%s", self.name, project,
                      source.sha256)  # fmt: skip
         return path
 
     def sweep(self) -> None:
-        """Requeue work whose worker vanished: tiles not renewed, frames not assembled."""
-        for job_id in self.store.active_job_ids():
-            spec = self.spec(job_id)
-            found = self.store.recover(job_id, spec.max_attempts)
-            lost = self.queue.missing(self.store.queued_tasks(job_id))
-            for t in found.tiles:
-                log.warning(
-                    "event=tile_requeued job=%s frame=%d tile=%d attempt=%d reason=worker_lost",
-                    job_id,
-                    t.frame,
-                    t.index,
-                    t.attempt,
-                )
-            self.queue.stage_tiles([*found.tiles, *lost], spec.tile_timeout_s)
-            for frame in found.frames:
-                self.queue.enqueue_assembly(job_id, frame, spec.tile_timeout_s)
+        """Requeue work whose worker vanished: tiles not renewed, frames not assembled.
+
+        Every worker calls this; the one holding the sweeper's lease does the work, in
+        proportion to what expired (``JobStore.sweep``), not to the jobs.
+        """
+        found = self.store.sweep(self.name, self.settings.lease_ttl_s)
+        for t in found.tiles:
+            log.warning("event=tile_requeued job=%s frame=%d tile=%d attempt=%d "
+                        "reason=worker_lost", t.job_id, t.frame, t.index, t.attempt)  # fmt: skip
+        pushes = [*found.tiles, *self.queue.missing(found.unconfirmed)]
+        for job_id in sorted({t.job_id for t in pushes}):
+            mine = [t for t in pushes if t.job_id == job_id]
+            self.queue.stage_tiles(mine, self.spec(job_id).tile_timeout_s)
+            self.store.confirm_pushed(mine)
+        for job_id, frame in found.frames:
+            self.queue.enqueue_assembly(job_id, frame, self.spec(job_id).tile_timeout_s)
 
 
 def file_set_root(source: BlendSource, path: Path) -> Path:
@@ -287,6 +290,7 @@ def _tile_failed(
     if outcome == "retry":
         retry = TileTask(task.job_id, task.frame, task.index, next_attempt)
         ctx.queue.stage_tiles([retry], spec.tile_timeout_s)
+        ctx.store.confirm_pushed([retry])
 
 
 def _write_tile_log(

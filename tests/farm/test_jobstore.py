@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from farm import keys
-from farm.jobstore import JobStore
+from farm.jobstore import JobStore, Sweep
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue
 from farm.states import JobState, TileState
@@ -203,3 +203,50 @@ def _job_order(queue: RenderQueue) -> list[str]:
             if job not in seen:
                 seen.append(job)
     return seen
+
+
+def test_one_sweeper_requeues_expired_tiles_of_every_job_and_reopens_stalled_frames(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    jobs = [_new_job(store, queue) for _ in range(3)]
+    stuck = TileTask(jobs[1], 2, 1, 1)
+    fresh = TileTask(jobs[2], 1, 0, 1)
+    assert store.start_tile(fresh) == "ok"
+    assert store.sweep("w1", period_s=5).tiles == []  # its lease is fresh
+    # a worker that will never renew: its tile's lease is over as soon as it starts
+    silent = JobStore(store.conn, tile_lease_s=-1)
+    assert silent.start_tile(stuck) == "ok"
+    # another worker asks while w1 holds the sweeper's lease: it does nothing
+    assert store.sweep("w2", period_s=5) == Sweep(False, [], [], [])
+    found = store.sweep("w1", period_s=5)
+    assert found.leader and found.tiles == [TileTask(jobs[1], 2, 1, 2)]
+    assert store.finish_tile(stuck, 2) == "stale"  # the lost worker cannot commit late
+    # a frame whose assembler vanished is offered again, once
+    last = [TileTask(jobs[0], 1, i, 1) for i in (0, 1)]
+    for task in last:
+        store.start_tile(task)
+        store.finish_tile(task, 2)
+    rconn.hset(keys.assembling(jobs[0]), "1", time.time() - 1)
+    rconn.zadd(keys.FRAME_DEADLINES, {f"{jobs[0]}|1": time.time() - 1})
+    assert store.sweep("w1", period_s=5).frames == [(jobs[0], 1)]
+    assert store.sweep("w1", period_s=5).frames == []
+    # the requeued attempt was never confirmed pushed: after the grace the sweep names it
+    assert store.sweep("w1", period_s=5, requeue_grace_s=-1).unconfirmed == [
+        TileTask(jobs[1], 2, 1, 2)
+    ]
+    assert store.sweep("w1", period_s=5, requeue_grace_s=-1).unconfirmed == []
+
+
+def test_a_sweep_reads_only_what_expired_not_every_job(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    def commands() -> int:
+        stats = rconn.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    for jobs in (2, 60):
+        for _ in range(jobs):
+            store.start_tile(TileTask(_new_job(store, queue), 1, 0, 1))
+        before = commands()
+        store.sweep("w1", period_s=5)
+        assert commands() - before <= 8, f"a quiet sweep over {jobs} jobs"
