@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +47,15 @@ class Sweep:
 
 
 class JobStore:
-    def __init__(self, conn: Redis, tile_lease_s: float = TILE_LEASE_S) -> None:
+    def __init__(
+        self,
+        conn: Redis,
+        tile_lease_s: float = TILE_LEASE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.conn = conn
+        #: epoch seconds (the scale simulator drives its own)
+        self.clock = clock
         #: a rendering tile not renewed for this long is requeued by the recovery sweep
         self.tile_lease_s = tile_lease_s
         self._start = conn.register_script(jobscripts.START_TILE)
@@ -76,7 +84,7 @@ class JobStore:
         """
         # tiles of the grid, or parts of a sample split: the same tasks either way
         per_frame = spec.tasks_per_frame
-        now = time.time()
+        now = self.clock()
         tasks = [TileTask(job_id, f, i, 1) for f in spec.frames for i in range(per_frame)]
         pipe.hset(
             keys.job(job_id),
@@ -180,7 +188,7 @@ class JobStore:
 
     def start_tile(self, task: TileTask) -> str:
         """Claim a queued tile attempt for rendering: 'ok', 'stale', 'no_job' or 'job_<state>'."""
-        now = time.time()
+        now = self.clock()
         return str(
             self._run(
                 self._start,
@@ -191,7 +199,7 @@ class JobStore:
 
     def touch_tile(self, task: TileTask) -> bool:
         """Renew a rendering tile's lease; False when it is no longer ours."""
-        deadline = time.time() + self.tile_lease_s
+        deadline = self.clock() + self.tile_lease_s
         return bool(
             self._run(
                 self._touch,
@@ -204,7 +212,7 @@ class JobStore:
         self, task: TileTask, tiles_per_frame: int, lease_id: str = "", lease_token: int = 0
     ) -> str:
         """Commit a rendered tile: 'ok', 'frame_ready' (its frame's last), 'stale', 'job_<st>'."""
-        now = time.time()
+        now = self.clock()
         j = task.job_id
         return str(
             self._run(
@@ -246,7 +254,7 @@ class JobStore:
                 task.frame,
                 task.index,
                 task.attempt,
-                time.time(),
+                self.clock(),
                 reason,
                 max_attempts,
                 "1" if counts else "0",
@@ -257,7 +265,7 @@ class JobStore:
 
     def claim_frame(self, job_id: str, frame: int) -> bool:
         """Take (or renew) the assembly of a frame whose tiles are all in."""
-        deadline = time.time() + ASSEMBLY_LEASE_S
+        deadline = self.clock() + ASSEMBLY_LEASE_S
         return bool(
             self._run(
                 self._claim_frame,
@@ -271,7 +279,7 @@ class JobStore:
             self._run(
                 self._finish_frame,
                 [keys.job(job_id), keys.assembling(job_id), keys.events(job_id)],
-                [job_id, frame, time.time()],
+                [job_id, frame, self.clock()],
             )
         )
 
@@ -281,7 +289,7 @@ class JobStore:
             self._run(
                 self._end,
                 [keys.job(job_id), keys.tiles(job_id), keys.events(job_id)],
-                [job_id, state.value, time.time(), reason],
+                [job_id, state.value, self.clock(), reason],
             )
         )
 
@@ -290,7 +298,7 @@ class JobStore:
         ('nothing', []) when none is left, ('job_<state>', []) when the job has not failed."""
         flat = self._run(
             self._retry, [keys.job(job_id), keys.tiles(job_id), keys.events(job_id)],
-            [job_id, time.time()],
+            [job_id, self.clock()],
         )  # fmt: skip
         outcome = str(flat[0])
         rest = flat[1:]
@@ -301,11 +309,11 @@ class JobStore:
         return outcome, tasks
 
     def warn(self, job_id: str, message: str) -> None:
-        event = Event("warning", job_id, time.time(), message=message)
+        event = Event("warning", job_id, self.clock(), message=message)
         self._call(self.conn.xadd, keys.events(job_id), event.to_fields())
 
     def recover(self, job_id: str, max_attempts: int) -> Recovery:
-        now = time.time()
+        now = self.clock()
         flat = self._run(
             self._recover,
             [keys.job(job_id), keys.tiles(job_id), keys.assembling(job_id), keys.events(job_id)],
@@ -332,7 +340,7 @@ class JobStore:
         missed beat keeps it, a dead sweeper is replaced) and does the work, which is in
         proportion to what expired, never to the number of jobs or workers.
         """
-        now = time.time()
+        now = self.clock()
         grace = period_s if requeue_grace_s is None else requeue_grace_s
         flat = self._run(
             self._sweep,

@@ -6,8 +6,6 @@ PREFIX = "tessera"
 
 #: sorted set of job ids by creation time
 JOBS = f"{PREFIX}:jobs"
-#: hash job id -> priority, for the jobs whose priority is not 0 (the queue's order reads it)
-PRIORITIES = f"{PREFIX}:priorities"
 #: sorted set: ``job|frame:index`` -> lease deadline (epoch s) of every rendering tile
 TILE_DEADLINES = f"{PREFIX}:tile-deadlines"
 #: sorted set: ``job|frame`` -> assembly deadline (epoch s) of every frame whose tiles are in
@@ -61,6 +59,12 @@ def inspection(sha256: str) -> str:
 def render_queue(device_class: str) -> str:
     """Name of the rq queue for one device class (rq adds its own prefix)."""
     return f"{PREFIX}-render-{device_class}"
+
+
+def render_bands(device_class: str) -> str:
+    """Sorted set: rq queue key of each non-empty priority band of a class -> its priority
+    (the class's own queue is band 0 and is not listed)."""
+    return f"{PREFIX}:bands:{device_class}"
 
 
 # --- the slot allocator ------------------------------------------------------------------------

@@ -6,15 +6,18 @@ farm's job store is (``farm.jobstore``); rq only carries the work to a worker.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import signal
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any
 
 from rq import Queue, SimpleWorker
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
-from rq.utils import now
+from rq.utils import as_text, now
 
 from farm import keys, redisclient
 from farm.models import BlendSource, TileTask
@@ -45,12 +48,33 @@ class RenderQueue:
         self.conn = conn
         self.device_class = device_class
         self.queue = Queue(keys.render_queue(device_class), connection=conn)
-        self._reorder = conn.register_script(_REORDER)
+        self.bands_key = keys.render_bands(device_class)
+        self._wake = conn.register_script(_WAKE)
+        self._move = conn.register_script(_MOVE)
+
+    def band(self, priority: int) -> Queue:
+        """The rq queue holding the waiting tiles of one priority (0: the class's own queue)."""
+        if not priority:
+            return self.queue
+        return Queue(f"{self.queue.name}-p{priority}", connection=self.conn)
 
     def stage_tiles(
-        self, tasks: Iterable[TileTask], timeout_s: float, pipeline: Any = None
+        self,
+        tasks: Iterable[TileTask],
+        timeout_s: float,
+        pipeline: Any = None,
+        priority: int | None = None,
     ) -> None:
-        """Push tile attempts; with ``pipeline`` the pushes join the caller's transaction."""
+        """Push tile attempts into their job's priority band; with ``pipeline`` the pushes join
+        the caller's transaction. ``priority`` None: read each job's (a retry, a requeue)."""
+        tasks = list(tasks)
+        if priority is None:
+            by_job: dict[int, list[TileTask]] = {}
+            for t in tasks:
+                by_job.setdefault(self._job_priority(t.job_id), []).append(t)
+            for p, mine in by_job.items():
+                self.stage_tiles(mine, timeout_s, pipeline, p)
+            return
         datas = [
             Queue.prepare_data(
                 TILE_TASK,
@@ -63,8 +87,25 @@ class RenderQueue:
             )
             for t in tasks
         ]
-        if datas:
-            guard(self.queue.enqueue_many, datas, pipeline=pipeline)
+        if not datas:
+            return
+        band = self.band(priority)
+        pipe = pipeline if pipeline is not None else self.conn.pipeline()
+        band.enqueue_many(datas, pipeline=pipe)
+        if band is not self.queue:
+            # workers waiting for work block on the class's own queue: ring it
+            wakes = min(len(datas), _MAX_WAKES)
+            self._wake(
+                keys=[self.queue.key, self.bands_key], args=[band.key, priority, wakes], client=pipe
+            )
+        if pipeline is None:
+            guard(pipe.execute)
+
+    def _job_priority(self, job_id: str) -> int:
+        text = guard(self.conn.hget, keys.job(job_id), "spec")
+        if text is None:
+            return 0
+        return int(json.loads(text).get("priority", 0))
 
     def enqueue_assembly(self, job_id: str, frame: int, timeout_s: float) -> None:
         # at the front: a finished frame is worth more to the user than one more tile
@@ -93,25 +134,40 @@ class RenderQueue:
         )
 
     def set_priority(self, job_id: str, priority: int) -> None:
-        """Give a job's waiting tiles their place: before every job of lower priority, after
-        every job of higher priority.
+        """Move a job's waiting tiles to the band of ``priority``: before every job of lower
+        priority, after every job of higher priority, at the back of their new band.
 
-        Among equal priorities the queue keeps its order (new jobs join the back of their
-        priority). A retried tile joins the back of the queue and finds its place at the next
-        reorder. Sorting costs O(n log n) in Redis for n waiting tasks, once per change.
+        New jobs go straight into their band when staged (no reordering at submission); a
+        change reads the waiting tasks of the class once (a user's action, not a hot path).
         """
-        if priority:
-            guard(self.conn.hset, keys.PRIORITIES, job_id, priority)
-        else:
-            guard(self.conn.hdel, keys.PRIORITIES, job_id)
-        self.reorder()
+        band = self.band(priority)
+        guard(self._move, keys=[self.queue.key, self.bands_key, band.key],
+              args=[f"tile-{job_id}-", priority, _MAX_WAKES])  # fmt: skip
 
-    def reorder(self) -> int:
-        """Sort the waiting tasks by their job's priority (nothing to do while none is set)."""
-        return int(guard(self._reorder, keys=[self.queue.key, keys.PRIORITIES]))
+    def waiting_ids(self) -> list[str]:
+        """The waiting task ids in the order workers take them."""
+        ids = [as_text(i) for i in guard(self.conn.lrange, self.queue.key, 0, -1)]
+        front = 0
+        while front < len(ids) and not ids[front].startswith("tile-"):
+            front += 1
+        bands = guard(self.conn.zrevrange, self.bands_key, 0, -1, withscores=True)
+        out = ids[:front]
+        for key, score in bands:
+            if score > 0:
+                out += [as_text(i) for i in guard(self.conn.lrange, key, 0, -1)]
+        out += [i for i in ids[front:] if i != _WAKE_ID]
+        for key, score in bands:
+            if score < 0:
+                out += [as_text(i) for i in guard(self.conn.lrange, key, 0, -1)]
+        return out
 
     def depth(self) -> int:
-        return int(self.queue.count)
+        """Tasks waiting in every band of the class."""
+        pipe = self.conn.pipeline(transaction=False)
+        pipe.llen(self.queue.key)
+        for key in guard(self.conn.zrange, self.bands_key, 0, -1):
+            pipe.llen(key)
+        return sum(int(n) for n in guard(pipe.execute))
 
     def missing(self, tasks: Sequence[TileTask]) -> list[TileTask]:
         """The tile attempts that have no task in rq (lost between a state change and a push)."""
@@ -122,32 +178,110 @@ class RenderQueue:
         return [t for t, exists in zip(tasks, found, strict=True) if not exists]
 
 
-#: Sorts a queue's waiting tasks by their job's priority, highest first, keeping the order
-#: within a priority (stable). Assemblies and inspections stay in front of every tile: a
-#: finished frame or a waiting user is worth more than one more tile.
-#: KEYS: the rq queue list, the priorities hash.   Returns how many entries were sorted.
-_REORDER = """
-if redis.call('HLEN', KEYS[2]) == 0 then return 0 end
-local ids = redis.call('LRANGE', KEYS[1], 0, -1)
-local items = {}
-for i, id in ipairs(ids) do
-  local p = 1e12
-  local job = string.match(id, '^tile%-(%d+%-%d+%-%x+)%-')
-  if job then p = tonumber(redis.call('HGET', KEYS[2], job) or '0') end
-  items[i] = {p, i, id}
+#: the suffix of a priority band's queue name (``tessera-render-gpu-p5``)
+_BAND_NAME = re.compile(r"-p-?\d+$")
+#: the id of a task that is no task: pushed onto a class's queue to wake blocked workers
+_WAKE_ID = "wake"
+#: wake at most this many blocked workers per push into a band
+_MAX_WAKES = 64
+
+#: Index a band (KEYS[2]: band key -> priority) and, when the class's own queue (KEYS[1]) is
+#: empty (so workers may be blocked on it), push wakes onto it.   ARGV: band key, priority, n
+_WAKE = f"""
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+if redis.call('LLEN', KEYS[1]) == 0 then
+  for i = 1, tonumber(ARGV[3]) do redis.call('RPUSH', KEYS[1], '{_WAKE_ID}') end
 end
-table.sort(items, function(a, b)
-  if a[1] ~= b[1] then return a[1] > b[1] end
-  return a[2] < b[2]
-end)
-redis.call('DEL', KEYS[1])
-for start = 1, #items, 5000 do
-  local chunk = {}
-  for i = start, math.min(start + 4999, #items) do chunk[#chunk + 1] = items[i][3] end
-  redis.call('RPUSH', KEYS[1], unpack(chunk))
-end
-return #items
+return 1
 """
+
+#: Move a job's waiting tiles (ids starting ARGV[1]) from every band to KEYS[3], the band of
+#: priority ARGV[2].   KEYS: the class's own queue, the bands index, the new band
+_MOVE = f"""
+local moved = {{}}
+local lists = redis.call('ZRANGE', KEYS[2], 0, -1)
+table.insert(lists, KEYS[1])
+for _, key in ipairs(lists) do
+  if key ~= KEYS[3] then
+    for _, id in ipairs(redis.call('LRANGE', key, 0, -1)) do
+      if string.sub(id, 1, #ARGV[1]) == ARGV[1] then
+        redis.call('LREM', key, 1, id)
+        table.insert(moved, id)
+      end
+    end
+  end
+end
+for i = 1, #moved, 5000 do
+  redis.call('RPUSH', KEYS[3], unpack(moved, i, math.min(i + 4999, #moved)))
+end
+if KEYS[3] ~= KEYS[1] and #moved > 0 then
+  redis.call('ZADD', KEYS[2], ARGV[2], KEYS[3])
+  if redis.call('LLEN', KEYS[1]) == 0 then
+    for i = 1, math.min(#moved, tonumber(ARGV[3])) do redis.call('RPUSH', KEYS[1], '{_WAKE_ID}') end
+  end
+end
+return #moved
+"""
+
+#: A worker's next task, moved (as rq's reliable dequeue does) onto its queue's intermediate
+#: list: a task at the front of the class's own queue that is not a tile (an assembly, an
+#: inspection, a wake), else the head of the highest band above 0, the class's own queue, the
+#: bands below 0. Empty bands leave the index. KEYS: the class's own queue, the bands index.
+#: Returns {queue key, task id} or nil.
+_PICK = """
+local function take(key)
+  local id = redis.call('LMOVE', key, key .. ':intermediate', 'LEFT', 'RIGHT')
+  if id then return {key, id} end
+  return nil
+end
+local head = redis.call('LINDEX', KEYS[1], 0)
+if head and string.sub(head, 1, 5) ~= 'tile-' then return take(KEYS[1]) end
+local function bands(lo, hi)
+  for _, key in ipairs(redis.call('ZREVRANGEBYSCORE', KEYS[2], hi, lo)) do
+    local got = take(key)
+    if got then return got end
+    redis.call('ZREM', KEYS[2], key)
+  end
+  return nil
+end
+return bands('(0', '+inf') or take(KEYS[1]) or bands('-inf', '(0')
+"""
+
+
+class _BandedQueue(Queue):
+    """rq's queue with the farm's dequeue: one worker listens to its class's queue only (so
+    rq keeps its reliable dequeue and intermediate-list bookkeeping), and each take looks at
+    the class's priority bands first (``_PICK``), in one step."""
+
+    @classmethod
+    def dequeue_any(
+        cls,
+        queues: Iterable[Queue],
+        timeout: int | None,
+        connection: Redis,
+        job_class: Any = None,
+        serializer: Any = None,
+        death_penalty_class: Any = None,
+    ) -> tuple[Job, Queue] | None:
+        (base,) = queues
+        pick = connection.register_script(_PICK)
+        bands_key = keys.render_bands(base.name.removeprefix(keys.render_queue("")))
+        while True:
+            got = pick(keys=[base.key, bands_key])
+            if got is None:
+                if timeout is None:
+                    return None
+                got = cls.lmove(connection, base.key, timeout)  # raises DequeueTimeout
+            queue_key, job_id = as_text(got[0]), as_text(got[1])
+            if job_id == _WAKE_ID:
+                connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
+                continue
+            fetched = cls._fetch_dequeued_job(
+                connection, queue_key, job_id, job_class=job_class, serializer=serializer,
+                death_penalty_class=death_penalty_class,
+            )  # fmt: skip
+            if fetched is not None:
+                return fetched
 
 
 class _FarmWorker(SimpleWorker):
@@ -190,6 +324,7 @@ def run_worker(
     """
     worker = _FarmWorker(
         [RenderQueue(conn, device_class).queue],
+        queue_class=_BandedQueue,
         name=name,
         connection=conn,
         maintenance_interval=MAINTENANCE_INTERVAL_S,
@@ -206,7 +341,9 @@ def depths(conn: Redis) -> dict[str, int]:
     out: dict[str, int] = {}
     for q in guard(Queue.all, connection=conn):
         if q.name.startswith(f"{keys.PREFIX}-"):
-            out[q.name] = int(guard(_count, q))
+            # a priority band counts in its class's queue (one gauge per class)
+            name = _BAND_NAME.sub("", q.name)
+            out[name] = out.get(name, 0) + int(guard(_count, q))
     return out
 
 

@@ -278,10 +278,7 @@ def submit(
     job_id = store.new_job_id()
     with rq_conn.pipeline(transaction=True) as pipe:
         tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
-        queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe)
+        # straight into its priority's band: nothing waiting is reordered
+        queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe, priority=spec.priority)
         guard(pipe.execute)
-    if spec.priority:
-        queue.set_priority(job_id, spec.priority)
-    else:
-        queue.reorder()  # a job of priority 0 goes after waiting jobs of higher priority
     return job_id

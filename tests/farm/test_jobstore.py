@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from rq.exceptions import DequeueTimeout
 
 from farm import keys
 from farm.jobstore import JobStore, Sweep
 from farm.models import BlendSource, JobSpec, TileTask
-from farm.queue import RenderQueue
+from farm.queue import RenderQueue, _BandedQueue
 from farm.states import JobState, TileState
 from farm.submission import submit
 
@@ -184,22 +188,76 @@ def test_priority_orders_waiting_tiles_and_a_change_moves_them(
     assert [short[j] for j in _job_order(queue)] == ["high", "low", "later"]
     # a frame's assembly stays in front of every tile, whatever the priorities
     queue.enqueue_assembly(low, 1, 60)
-    assert queue.queue.job_ids[0] == f"assemble-{low}-1"
+    assert queue.waiting_ids()[0] == f"assemble-{low}-1"
     queue.set_priority(later, 9)
     assert [short[j] for j in _job_order(queue)] == ["later", "high", "low"]
-    # back to 0: behind the higher job again; among equals the queue keeps its order
+    # back to 0: behind the higher job again, at the back of its band
     queue.set_priority(later, 0)
-    assert [short[j] for j in _job_order(queue)] == ["high", "later", "low"]
-    assert queue.queue.job_ids[0] == f"assemble-{low}-1"
-    assert queue.depth() == 7, "reordering loses and duplicates nothing"
+    assert [short[j] for j in _job_order(queue)] == ["high", "low", "later"]
+    assert queue.waiting_ids()[0] == f"assemble-{low}-1"
+    assert queue.depth() == 7, "moving loses and duplicates nothing"
+    # workers take them in that order, one reliable take at a time
+    taken = [_take(queue) for _ in range(7)]
+    assert taken[0] == f"assemble-{low}-1"
+    assert [short[j] for j in dict.fromkeys(_job_of(t) for t in taken[1:])] == [
+        "high", "low", "later",
+    ]  # fmt: skip
+    assert queue.depth() == 0 and _take(queue) is None
+
+
+def test_a_submission_reorders_nothing_and_a_blocked_worker_wakes_for_a_band(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    for _ in range(30):
+        _new_job(store, queue, _spec(frames=(1, 2, 3)))
+    before = rconn.info("commandstats")
+    _new_job(store, queue, dataclasses.replace(_spec(frames=(1,)), priority=3))
+    after = rconn.info("commandstats")
+    # 180 tiles wait; staging 2 more costs no read of them (the old reorder read each one)
+    reads = sum(
+        int(after[k]["calls"]) - int(before.get(k, {"calls": 0})["calls"])
+        for k in ("cmdstat_lrange", "cmdstat_hget", "cmdstat_lindex")
+        if k in after
+    )
+    assert reads == 0
+    # an empty class queue: a worker blocked on it is woken by a push into a band
+    empty = RenderQueue(queue.conn, "gpu")
+    job_id = store.new_job_id()
+    store.conn.hset(keys.job(job_id), "spec", dataclasses.replace(_spec(), priority=2).to_json())
+    taken: list[Any] = []
+
+    def worker() -> None:
+        with contextlib.suppress(DequeueTimeout):
+            taken.append(_BandedQueue.dequeue_any([empty.queue], 20, connection=empty.conn))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not any(c.get("cmd") == "blmove" for c in rconn.client_list()):
+        assert time.monotonic() < deadline, "the worker never blocked on its queue"
+        time.sleep(0.01)  # polling for the worker to block, bounded
+    woken_at = time.monotonic()
+    empty.stage_tiles([TileTask(job_id, 1, 0, 1)], 60)
+    thread.join()
+    assert taken and taken[0][0].id == TileTask(job_id, 1, 0, 1).rq_id
+    assert time.monotonic() - woken_at < 10, "woken by the push, not by its timeout"
+
+
+def _take(queue: RenderQueue) -> str | None:
+    got = _BandedQueue.dequeue_any([queue.queue], None, connection=queue.conn)
+    return None if got is None else str(got[0].id)
+
+
+def _job_of(rq_id: str | None) -> str:
+    return "-".join(str(rq_id).split("-")[1:4])
 
 
 def _job_order(queue: RenderQueue) -> list[str]:
     """Each job id once, in the order its first waiting tile comes in the queue."""
     seen: list[str] = []
-    for rq_id in queue.queue.job_ids:
+    for rq_id in queue.waiting_ids():
         if rq_id.startswith("tile-"):
-            job = "-".join(rq_id.split("-")[1:4])
+            job = _job_of(rq_id)
             if job not in seen:
                 seen.append(job)
     return seen

@@ -1,0 +1,489 @@
+"""One Redis for a whole farm: what N devices at a steady load cost it, for N = 8 ... 10,000.
+
+A discrete-event simulation drives the farm's real Redis code against one private redis-server:
+the allocator's scripts (``farm.slots``), the job store (``farm.jobstore``), rq queues through
+``farm.queue`` and ``farm.submission``, and the recovery sweep. Only the devices and the work
+are simulated:
+
+- **devices**: N GPUs over N/8 hosts, one class per host, cycling through every class of the
+  fake NVML (``farm.fakenvml.FAKE_MODELS``: memory, NVENC engines, consumer session caps); each
+  host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.agent`` does.
+- **render workers**: one per device, no Blender: a worker dequeues a task (rq's own
+  ``dequeue_any`` and the started-registry bookkeeping of ``rq.Worker``), starts the tile,
+  leases its device (a pinned request), "renders" for a time drawn from an exponential
+  distribution (mean ``--tile-s``, at least 1 s) while renewing the lease and the tile every
+  lease period / 3, commits the tile (fenced), releases the lease; a frame's last tile queues
+  its assembly (claim, then finish). Every worker runs the recovery sweep every lease period.
+- **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
+  placed by the allocator (an unpinned request over every class), renewed every lease
+  period / 3; the farm starts with the steady-state population (``--streams-per-device``).
+- **jobs** are submitted (10 frames of 2x2 tiles) whenever fewer tiles wait than there are
+  devices, so workers are never starved; ``--priority-share`` of them have a priority.
+
+Time is simulated: events run in order of a virtual clock (which every script is given, far
+ahead of the wall clock so that Redis-side fences compare alike), as fast as one client can make
+the calls; wall time is what the calls take. Redis's CPU (``INFO cpu`` deltas over the
+measurement window) divided by the simulated seconds is the share of one core the farm needs in
+real time. Latencies are client round trips of single sequential calls (no queueing behind
+other clients: the server is mostly idle between calls).
+
+Prints one table row per N and, last, one JSON line with every figure,
+``cost_ratio_10000_vs_8`` (Redis CPU per operation at the largest N / at the smallest) and
+``redis_cpu_at_10000`` (cores at the largest N).
+
+    python bench/scale.py [--devices 8,100,1000,10000] [--measure-s 30] [--warmup-s 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from rq import Queue
+from rq.job import Job
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from farm import jobstore, queue  # noqa: E402
+from farm.fakenvml import FAKE_MODELS  # noqa: E402
+from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
+from farm.redisserver import RedisServer  # noqa: E402
+from farm.slots import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
+from farm.submission import submit  # noqa: E402
+
+LEASE_TTL_S = 15.0
+AGENT_TIMEOUT_S = 15.0
+#: NVENC sessions per engine on data-centre cards; consumer hosts are capped per system
+SESSIONS_PER_ENGINE = 8
+CONSUMER_HOST_SESSIONS = 8
+RENDER_VRAM_MIB = 4096
+STREAM_VRAM_MIB = 1536
+FRAMES_PER_JOB = 10
+TILES = "2x2"
+#: an idle worker's next look at the queue (a real one blocks on it, costing Redis nothing)
+IDLE_POLL_S = 1.0
+#: the virtual clock starts this far past the wall clock (ms)
+CLOCK_AHEAD_MS = 10**12
+MEASURED = ("acquire", "release", "renew", "commit", "dequeue")
+
+
+@dataclass
+class Figures:
+    """Latencies (ns) per operation and the count of every Redis-bound call."""
+
+    latency_ns: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    recording: bool = False
+
+    def timed(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        out = fn(*args, **kwargs)
+        if self.recording:
+            self.latency_ns[name].append(time.perf_counter_ns() - t0)
+            self.calls[name] += 1
+        return out
+
+
+class Farm:
+    """The simulated farm: one virtual clock, an event heap, the real Redis clients."""
+
+    def __init__(self, url: str, devices: int, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.now_ms = int(time.time() * 1000) + CLOCK_AHEAD_MS
+        self.events: list[tuple[int, int, Callable[[], None]]] = []
+        self.seq = itertools.count()
+        self.fig = Figures()
+        self.conn = jobstore.connect(url)
+        self.rq_conn = queue.connect(url)
+        self.alloc = SlotAllocator(self.conn, ttl_s=LEASE_TTL_S, clock_ms=lambda: self.now_ms)
+        self.store = jobstore.JobStore(
+            self.conn, tile_lease_s=LEASE_TTL_S, clock=lambda: self.now_ms / 1000
+        )
+        self.queue = queue.RenderQueue(self.rq_conn, "gpu")
+        self.hosts = self._hosts(devices)
+        self.devices = [d for _, _, offers in self.hosts for d in offers]
+        self.specs: dict[str, JobSpec] = {}
+        self.streams = 0
+
+    # --- the pool --------------------------------------------------------------------------
+
+    def _hosts(self, n: int) -> list[tuple[str, int | None, list[DeviceOffer]]]:
+        classes = sorted(FAKE_MODELS)
+        hosts = []
+        for h in range(max(1, (n + 7) // 8)):
+            name = classes[h % len(classes)]
+            model = FAKE_MODELS[name]
+            count = min(8, n - 8 * h)
+            offers = [
+                DeviceOffer(
+                    f"GPU-sim-{h}-{i}",
+                    name,
+                    model.name,
+                    model.memory_total_mib,
+                    model.encoder_engines * SESSIONS_PER_ENGINE,
+                    1,
+                )
+                for i in range(count)
+            ]
+            budget = CONSUMER_HOST_SESSIONS if model.consumer else None
+            hosts.append((f"host-{h}", budget, offers))
+        return hosts
+
+    def register(self, host: str, budget: int | None, offers: list[DeviceOffer]) -> None:
+        self.fig.timed(
+            "heartbeat", self.alloc.register, f"agent-{host}", host, offers,
+            ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
+        )  # fmt: skip
+        self.at(AGENT_TIMEOUT_S / 3, lambda: self.register(host, budget, offers))
+
+    # --- events ---------------------------------------------------------------------------
+
+    def at(self, delay_s: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self.events, (self.now_ms + int(delay_s * 1000), next(self.seq), action))
+
+    def run_until(self, until_ms: int) -> None:
+        while self.events and self.events[0][0] <= until_ms:
+            when, _, action = heapq.heappop(self.events)
+            self.now_ms = when
+            action()
+        self.now_ms = until_ms
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def top_up(self) -> None:
+        """Keep more tiles waiting than there are devices (workers never starve)."""
+        depth = self.fig.timed("depth", self.queue.depth)
+        per_job = FRAMES_PER_JOB * 4
+        for _ in range(max(0, (2 * len(self.devices) - depth + per_job - 1) // per_job)):
+            priority = 5 if self.rng.random() < self.args.priority_share else 0
+            source = BlendSource("path", "/sim/scene.blend", "0" * 64, "scene.blend")
+            spec = JobSpec(
+                source, tuple(range(1, FRAMES_PER_JOB + 1)), TILES, 640, 360, "/sim/out",
+                device="gpu", priority=priority, vram_mib=RENDER_VRAM_MIB,
+            )  # fmt: skip
+            job_id = self.fig.timed("submit", submit, self.rq_conn, self.store, self.queue,
+                                    spec, [], False)  # fmt: skip
+            self.specs[job_id] = spec
+        self.at(1.0, self.top_up)
+
+    # --- render workers ---------------------------------------------------------------------
+
+    def worker_idle(self, device: DeviceOffer) -> None:
+        got = self.fig.timed("dequeue", self._dequeue, device.id)
+        if got is None:
+            self.at(IDLE_POLL_S, lambda: self.worker_idle(device))
+            return
+        job, args = got
+        if job.func_name == queue.ASSEMBLE_TASK:
+            job_id, frame = args
+            if self.fig.timed("claim_frame", self.store.claim_frame, job_id, frame):
+                self.at(2.0, lambda: self._assembled(device, job, job_id, frame))
+            else:
+                self._task_done(device, job)
+            return
+        task = TileTask(*args)
+        if self.fig.timed("start_tile", self.store.start_tile, task) != "ok":
+            self._task_done(device, job)
+            return
+        request = Request(
+            "render", vram_mib=RENDER_VRAM_MIB, render_slots=1, device_ids=(device.id,),
+            job=task.job_id,
+        )  # fmt: skip
+        lease = self.fig.timed("acquire", self.alloc.try_acquire, f"w-{device.id}", request)
+        if lease is None:  # a stream holds the device's memory: hand the tile back
+            outcome, attempt = self.fig.timed("fail_tile", self.store.fail_tile, task,
+                                              "no room", 3, False)  # fmt: skip
+            if outcome == "retry":
+                retry = TileTask(task.job_id, task.frame, task.index, attempt)
+                self.fig.timed("requeue", self.queue.stage_tiles, [retry], 60)
+            self._task_done(device, job)
+            return
+        duration = max(1.0, self.rng.expovariate(1 / self.args.tile_s))
+        end_ms = self.now_ms + int(duration * 1000)
+        self._renew_tile(device, job, task, lease, end_ms)
+
+    def _dequeue(self, device_id: str) -> tuple[Job, tuple[Any, ...]] | None:
+        # what rq.Worker does around a task: the reliable pop into the intermediate queue, then
+        # the started registry and the intermediate queue in one pipeline
+        got = Queue.dequeue_any([self.queue.queue], None, connection=self.rq_conn)
+        if got is None:
+            return None
+        job, q = got
+        pipe = self.rq_conn.pipeline()
+        pipe.lrem(q.intermediate_queue_key, 1, job.id)
+        pipe.zadd(q.started_job_registry.key, {job.id: self.now_ms / 1000 + 3600})
+        pipe.hset(job.key, mapping={"status": "started", "worker_name": device_id})
+        pipe.execute()
+        return job, tuple(job.args)
+
+    def _task_done(self, device: DeviceOffer, job: Job) -> None:
+        # rq.Worker after a task with result_ttl=0: out of the started registry, job deleted
+        pipe = self.rq_conn.pipeline()
+        pipe.zrem(self.queue.queue.started_job_registry.key, job.id)
+        pipe.delete(job.key)
+        self.fig.timed("rq_finish", pipe.execute)
+        self.at(0.0, lambda: self.worker_idle(device))
+
+    def _renew_tile(
+        self, device: DeviceOffer, job: Job, task: TileTask, lease: Lease, end_ms: int
+    ) -> None:
+        every_ms = int(LEASE_TTL_S / 3 * 1000)
+        if self.now_ms + every_ms < end_ms:
+
+            def renew() -> None:
+                renewed = self.fig.timed("renew", self.alloc.renew, lease)
+                self.fig.timed("touch_tile", self.store.touch_tile, task)
+                self._renew_tile(device, job, task, renewed, end_ms)
+
+            self.at(every_ms / 1000, renew)
+            return
+
+        def finish() -> None:
+            spec = self.specs[task.job_id]
+            outcome = self.fig.timed("commit", self.store.finish_tile, task,
+                                     spec.tasks_per_frame, lease.id, lease.token)  # fmt: skip
+            self.fig.timed("release", self.alloc.release, lease)
+            if outcome == "frame_ready":
+                self.fig.timed("enqueue_assembly", self.queue.enqueue_assembly, task.job_id,
+                               task.frame, 60)  # fmt: skip
+            self._task_done(device, job)
+
+        self.at(max(0, end_ms - self.now_ms) / 1000, finish)
+
+    def _assembled(self, device: DeviceOffer, job: Job, job_id: str, frame: int) -> None:
+        self.fig.timed("finish_frame", self.store.finish_frame, job_id, frame)
+        self._task_done(device, job)
+
+    def sweep(self, device: DeviceOffer) -> None:
+        found = self.fig.timed("sweep", self.store.sweep, f"w-{device.id}", LEASE_TTL_S)
+        if found.tiles or found.frames or found.unconfirmed:
+            raise SystemExit(f"the sweep found lost work in a farm where nothing dies: {found}")
+        self.at(LEASE_TTL_S, lambda: self.sweep(device))
+
+    # --- streams ------------------------------------------------------------------------------
+
+    def stream_arrives(self, lifetime_s: float | None = None) -> None:
+        life = (
+            lifetime_s if lifetime_s is not None else self.rng.expovariate(1 / self.args.stream_s)
+        )
+        request = Request("stream", vram_mib=STREAM_VRAM_MIB, encoder_sessions=1)
+        lease = self.fig.timed("acquire", self.alloc.try_acquire, "stream", request)
+        if lease is not None:
+            self.streams += 1
+            self._renew_stream(lease, self.now_ms + int(life * 1000))
+
+    def _renew_stream(self, lease: Lease, end_ms: int) -> None:
+        every_ms = int(LEASE_TTL_S / 3 * 1000)
+        if self.now_ms + every_ms < end_ms:
+
+            def renew() -> None:
+                self._renew_stream(self.fig.timed("renew", self.alloc.renew, lease), end_ms)
+
+            self.at(every_ms / 1000, renew)
+            return
+
+        def end() -> None:
+            self.fig.timed("release", self.alloc.release, lease)
+            self.streams -= 1
+
+        self.at(max(0, end_ms - self.now_ms) / 1000, end)
+
+    def stream_arrivals(self, rate_per_s: float) -> None:
+        self.stream_arrives()
+        self.at(self.rng.expovariate(rate_per_s), lambda: self.stream_arrivals(rate_per_s))
+
+    # --- start --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for host, budget, offers in self.hosts:
+            self.register(host, budget, offers)
+        # the steady state from the first second: queued work, sessions already running
+        # (residual lifetimes of exponential sessions are exponential), workers out of phase
+        self.top_up()
+        n = len(self.devices)
+        target = self.args.streams_per_device * n
+        for _ in range(int(target)):
+            self.stream_arrives(self.rng.expovariate(1 / self.args.stream_s))
+        self.at(0.0, lambda: self.stream_arrivals(target / self.args.stream_s))
+        for device in self.devices:
+            self.at(self.rng.uniform(0, self.args.tile_s), self._idle_action(device))
+            self.at(self.rng.uniform(0, LEASE_TTL_S), self._sweep_action(device))
+
+    def _idle_action(self, device: DeviceOffer) -> Callable[[], None]:
+        return lambda: self.worker_idle(device)
+
+    def _sweep_action(self, device: DeviceOffer) -> Callable[[], None]:
+        return lambda: self.sweep(device)
+
+
+def redis_cpu_s(conn: redis.Redis) -> float:
+    info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def command_usec(conn: redis.Redis) -> dict[str, tuple[int, int]]:
+    """(calls, usec) per command, scripts by name (INFO commandstats; EVALSHA as one)."""
+    out = {}
+    for name, stats in conn.info("commandstats").items():
+        out[name.removeprefix("cmdstat_")] = (int(stats["calls"]), int(stats["usec"]))
+    return out
+
+
+def idle_cpu_rate(conn: redis.Redis, seconds: float = 2.0) -> float:
+    """Redis's own CPU while nobody calls it (its timers), in cores: subtracted from windows."""
+    cpu0 = redis_cpu_s(conn)
+    time.sleep(seconds)  # a measurement window, not a synchronisation
+    return (redis_cpu_s(conn) - cpu0) / seconds
+
+
+def measure_s_for(devices: int, args: argparse.Namespace) -> float:
+    """Simulated seconds to measure: ``--measure-s``, shortened for big farms so that the
+    run keeps to about ``--ops-budget`` calls (the load per simulated second is never cut)."""
+    per_s = 1.3 * devices  # calls per simulated second per device, about
+    return float(max(args.min_measure_s, min(args.measure_s, args.ops_budget / per_s)))
+
+
+def percentile(values: list[int], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
+
+def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as d:
+        server = RedisServer(Path(d), unix_socket=True)
+        with server:
+            farm = Farm(server.url, devices, args)
+            probe = redis.Redis.from_url(server.url)
+            idle = idle_cpu_rate(probe)
+            measure_s = measure_s_for(devices, args)
+            wall0 = time.monotonic()
+            farm.start()
+            farm.run_until(farm.now_ms + int(args.warmup_s * 1000))
+            farm.fig.recording = True
+            stats0 = command_usec(probe)
+            cpu0, wall1 = redis_cpu_s(probe), time.monotonic()
+            farm.run_until(farm.now_ms + int(measure_s * 1000))
+            cpu1, wall2 = redis_cpu_s(probe), time.monotonic()
+            stats1 = command_usec(probe)
+            memory = int(probe.info("memory")["used_memory"])
+            probe.close()
+            streams = farm.streams
+    fig = farm.fig
+    ops = sum(fig.calls.values())
+    # the server's idle timers ran for the window's wall time; the farm's work is the rest
+    cpu = max(0.0, cpu1 - cpu0 - idle * (wall2 - wall1))
+    usec = {
+        name: (calls - stats0.get(name, (0, 0))[0], us - stats0.get(name, (0, 0))[1])
+        for name, (calls, us) in stats1.items()
+    }
+    top = sorted(usec.items(), key=lambda kv: -kv[1][1])[:6]
+    row: dict[str, Any] = {
+        "devices": devices,
+        "hosts": len(farm.hosts),
+        "streams": streams,
+        "sim_s": measure_s,
+        "wall_s": round(wall2 - wall1, 1),
+        "total_wall_s": round(wall2 - wall0, 1),
+        "ops_per_s": round(ops / measure_s, 1),
+        "redis_cpu_cores": round(cpu / measure_s, 4),
+        "redis_cpu_us_per_op": round(cpu / max(1, ops) * 1e6, 2),
+        "redis_idle_cores": round(idle, 4),
+        "redis_memory_mib": round(memory / 2**20, 1),
+        "calls_per_s": {k: round(v / measure_s, 1) for k, v in sorted(fig.calls.items())},
+        # where the server's time went in the window (commandstats: calls, us per call)
+        "top_commands": {name: [calls, round(us / max(1, calls), 1)] for name, (calls, us) in top},
+    }
+    for name in MEASURED:
+        values = fig.latency_ns.get(name, [])
+        if values:
+            row[f"{name}_p50_ms"] = round(percentile(values, 0.5), 3)
+            row[f"{name}_p99_ms"] = round(percentile(values, 0.99), 3)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", default="8,100,1000,10000")
+    ap.add_argument("--warmup-s", type=float, default=5.0, help="simulated seconds")
+    ap.add_argument("--measure-s", type=float, default=60.0, help="simulated seconds, at most")
+    ap.add_argument("--min-measure-s", type=float, default=10.0, help="simulated seconds, least")
+    ap.add_argument(
+        "--ops-budget",
+        type=float,
+        default=200_000,
+        help="calls to measure per N (shortens the window for big N)",
+    )
+    ap.add_argument("--tile-s", type=float, default=10.0, help="mean tile render time")
+    ap.add_argument("--stream-s", type=float, default=1200.0, help="mean stream session")
+    ap.add_argument("--streams-per-device", type=float, default=1.0)
+    ap.add_argument("--priority-share", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=15)
+    args = ap.parse_args()
+    counts = [int(n) for n in args.devices.split(",")]
+    print(
+        f"{os.cpu_count()} CPUs; lease TTL {LEASE_TTL_S:g} s, tiles {args.tile_s:g} s mean, "
+        f"streams {args.stream_s:g} s mean ({args.streams_per_device:g}/device), "
+        f"{args.warmup_s:g} s warm-up + up to {args.measure_s:g} s measured (simulated)",
+        flush=True,
+    )
+    header = (
+        f"{'devices':>7} {'ops/s':>8} {'redisCPU':>8} {'us/op':>6} "
+        + " ".join(f"{name + ' p50/p99 ms':>22}" for name in MEASURED)
+        + f" {'wall s':>7}"
+    )
+    print(header, flush=True)
+    rows = []
+    for n in counts:
+        row = simulate(n, args)
+        rows.append(row)
+        lat = " ".join(
+            f"{row.get(f'{m}_p50_ms', 0):>10.3f}/{row.get(f'{m}_p99_ms', 0):<11.3f}"
+            for m in MEASURED
+        )
+        print(
+            f"{n:>7} {row['ops_per_s']:>8.0f} {row['redis_cpu_cores']:>8.3f} "
+            f"{row['redis_cpu_us_per_op']:>6.1f} {lat} {row['total_wall_s']:>7.1f}",
+            flush=True,
+        )
+    first, last = rows[0], rows[-1]
+    ratio = last["redis_cpu_us_per_op"] / max(1e-9, first["redis_cpu_us_per_op"])
+    print(
+        f"Redis CPU per operation at {last['devices']} devices / at {first['devices']}: "
+        f"{ratio:.2f} (target <= 1.5); Redis CPU at {last['devices']}: "
+        f"{last['redis_cpu_cores']:.3f} cores (target <= 0.3); p99 acquire "
+        f"{last.get('acquire_p99_ms', 0):.2f} ms (target <= 5)",
+        flush=True,
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "scale",
+                "cpus": os.cpu_count(),
+                "args": vars(args),
+                "rows": rows,
+                "cost_ratio_10000_vs_8": round(ratio, 3),
+                "redis_cpu_at_10000": last["redis_cpu_cores"],
+                "median_us_per_op": statistics.median(r["redis_cpu_us_per_op"] for r in rows),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
