@@ -119,26 +119,20 @@ class JobStore:
         data = self._call(self.conn.hgetall, keys.job(job_id))
         if not data:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        return _status_of(job_id, data)
 
-        def opt(name: str) -> float | None:
-            return float(data[name]) if data.get(name) else None
-
-        return JobStatus(
-            id=job_id,
-            spec=JobSpec.from_json(data["spec"]),
-            state=data["state"],
-            reason=data.get("reason", ""),
-            created_s=float(data["created_s"]),
-            started_s=opt("started_s"),
-            finished_s=opt("finished_s"),
-            tiles_total=int(data["tiles_total"]),
-            tiles_done=int(data["tiles_done"]),
-            tile_failures=int(data["tile_failures"]),
-            frames_total=int(data["frames_total"]),
-            frames_done=int(data["frames_done"]),
-            scripts_blocked=data.get("scripts_blocked") == "1",
-            warnings=[w for w in data.get("warnings", "").split("\n") if w],
-        )
+    def statuses(self, job_ids: list[str]) -> list[JobStatus | None]:
+        """The status of each job (None: no such job) in one round trip, for lists."""
+        if not job_ids:
+            return []
+        pipe = self.conn.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+        rows = self._call(pipe.execute)
+        return [
+            _status_of(job_id, data) if data else None
+            for job_id, data in zip(job_ids, rows, strict=True)
+        ]
 
     def spec(self, job_id: str) -> JobSpec:
         text = self._call(self.conn.hget, keys.job(job_id), "spec")
@@ -395,3 +389,25 @@ class JobStore:
     @staticmethod
     def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return guard(fn, *args, **kwargs)
+
+
+def _status_of(job_id: str, data: dict[str, str]) -> JobStatus:
+    def opt(name: str) -> float | None:
+        return float(data[name]) if data.get(name) else None
+
+    return JobStatus(
+        id=job_id,
+        spec=JobSpec.from_json(data["spec"]),
+        state=data["state"],
+        reason=data.get("reason", ""),
+        created_s=float(data["created_s"]),
+        started_s=opt("started_s"),
+        finished_s=opt("finished_s"),
+        tiles_total=int(data["tiles_total"]),
+        tiles_done=int(data["tiles_done"]),
+        tile_failures=int(data["tile_failures"]),
+        frames_total=int(data["frames_total"]),
+        frames_done=int(data["frames_done"]),
+        scripts_blocked=data.get("scripts_blocked") == "1",
+        warnings=[w for w in data.get("warnings", "").split("\n") if w],
+    )

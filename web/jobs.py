@@ -188,10 +188,9 @@ async def list_jobs(request: web.Request) -> web.Response:
                              withscores=True))  # fmt: skip
         ids.sort(key=lambda pair: -pair[1])
         out = []
-        for job_id, _created in ids:
-            try:
-                status = app[STORE].status(job_id)
-            except NotFound:
+        # every status in one round trip, not one per job
+        for status in app[STORE].statuses([job_id for job_id, _created in ids]):
+            if status is None:
                 continue
             if state is None or status.state == state:
                 out.append(job_json(status))

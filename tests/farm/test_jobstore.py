@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,20 @@ def test_a_sweep_reads_only_what_expired_not_every_job(
         before = commands()
         store.sweep("w1", period_s=5)
         assert commands() - before <= 8, f"a quiet sweep over {jobs} jobs"
+
+
+def test_a_list_reads_every_status_at_once(store: JobStore, queue: RenderQueue) -> None:
+    first, second = _new_job(store, queue), _new_job(store, queue)
+    store.end_job(second, JobState.CANCELED, "by test")
+    reads: list[int] = []
+    execute: Callable[..., Any] = store.conn.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return execute(*args, **kwargs)
+
+    store.conn.execute_command = counting  # type: ignore[method-assign]
+    found = store.statuses([first, "no-such-job", second])
+    assert reads == [], "one pipeline, not a call per job"
+    assert [s.state if s else None for s in found] == ["queued", None, "canceled"]
+    assert found[0] == store.status(first)
