@@ -37,6 +37,7 @@ Prints one table row per N and, last, one JSON line with every figure,
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import itertools
 import json
@@ -345,6 +346,35 @@ def command_usec(conn: redis.Redis) -> dict[str, tuple[int, int]]:
     return out
 
 
+def script_names() -> dict[str, str]:
+    """sha1 -> name of every Lua script the farm registers (to read SLOWLOG by script)."""
+    from farm import jobscripts, slotscripts
+
+    out = {}
+    for module in (slotscripts, jobscripts, queue):
+        for name, value in vars(module).items():
+            if isinstance(value, str) and name.isupper() and "redis.call" in value:
+                out[hashlib.sha1(value.encode()).hexdigest()] = name.lower().lstrip("_")
+    return out
+
+
+def profile(conn: redis.Redis, entries: int) -> dict[str, list[float]]:
+    """Per command or script: [calls, median us, total ms] inside redis-server (SLOWLOG)."""
+    names = script_names()
+    spent: dict[str, list[int]] = defaultdict(list)
+    for entry in conn.slowlog_get(entries):
+        words = entry["command"].split()
+        name = words[0].decode().lower()
+        if name == "evalsha" and len(words) > 1:
+            name = names.get(words[1].decode(), "script?")
+        spent[name].append(int(entry["duration"]))
+    rows = {
+        name: [len(v), float(statistics.median(v)), round(sum(v) / 1000, 1)]
+        for name, v in spent.items()
+    }
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1][2])[:12])
+
+
 def idle_cpu_rate(conn: redis.Redis, seconds: float = 2.0) -> float:
     """Redis's own CPU while nobody calls it (its timers), in cores: subtracted from windows."""
     cpu0 = redis_cpu_s(conn)
@@ -376,12 +406,17 @@ def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
             farm.start()
             farm.run_until(farm.now_ms + int(args.warmup_s * 1000))
             farm.fig.recording = True
+            if args.profile:
+                probe.config_set("slowlog-log-slower-than", 0)
+                probe.config_set("slowlog-max-len", 1_000_000)
+                probe.slowlog_reset()
             stats0 = command_usec(probe)
             cpu0, wall1 = redis_cpu_s(probe), time.monotonic()
             farm.run_until(farm.now_ms + int(measure_s * 1000))
             cpu1, wall2 = redis_cpu_s(probe), time.monotonic()
             stats1 = command_usec(probe)
             memory = int(probe.info("memory")["used_memory"])
+            spent = profile(probe, 1_000_000) if args.profile else {}
             probe.close()
             streams = farm.streams
     fig = farm.fig
@@ -409,6 +444,8 @@ def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
         # where the server's time went in the window (commandstats: calls, us per call)
         "top_commands": {name: [calls, round(us / max(1, calls), 1)] for name, (calls, us) in top},
     }
+    if spent:
+        row["slowlog"] = spent
     for name in MEASURED:
         values = fig.latency_ns.get(name, [])
         if values:
@@ -434,6 +471,11 @@ def main() -> None:
     ap.add_argument("--streams-per-device", type=float, default=1.0)
     ap.add_argument("--priority-share", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="log every command (SLOWLOG) and show where the server's time went",
+    )
     args = ap.parse_args()
     counts = [int(n) for n in args.devices.split(",")]
     print(

@@ -449,33 +449,40 @@ redis.call('HSET', P .. 'host:' .. ARGV[4], 'budget', ARGV[5])
 redis.call('HSETNX', P .. 'host:' .. ARGV[4], 'used_enc', 0)
 for _, d in ipairs(cjson.decode(ARGV[6])) do
   local dk = P .. 'device:' .. d['id']
-  local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape')
+  local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape', 'offer')
   local alive_until = math.max(tonumber(old[1] or '0'), until_ms)
   redis.call('HSET', dk, 'alive_until', alive_until)
   redis.call('ZADD', P .. 'device-alive', alive_until, d['id'])
   local class = d['device_class']
-  redis.call('HSET', dk, 'agent', ARGV[2], 'host', ARGV[4], 'class', class,
-             'model', d['model'], 'vram', d['vram_mib'], 'enc', d['encoder_sessions'],
-             'slots', d['render_slots'], 'available', d['available'],
-             'unavailable_reason', d['unavailable_reason'],
-             'unexplained_vram', d['unexplained_vram_mib'])
-  for _, field in ipairs({'used_vram', 'used_enc', 'used_slots', 'token'}) do
-    redis.call('HSETNX', dk, field, 0)
-  end
-  if old[2] and old[2] ~= class then
-    redis.call('ZREM', index_key(old[2], 'render'), d['id'])
-    redis.call('ZREM', index_key(old[2], 'stream'), d['id'])
-  end
-  redis.call('SADD', P .. 'classes', class)
-  -- the count of devices of each shape answers "could this ever fit?" without a scan
-  local shape = class .. '|' .. d['vram_mib'] .. '|' .. d['encoder_sessions'] .. '|'
-                .. d['render_slots']
-  if old[3] ~= shape then
-    if old[3] and redis.call('HINCRBY', P .. 'shapes', old[3], -1) <= 0 then
-      redis.call('HDEL', P .. 'shapes', old[3])
+  local offer = table.concat({ARGV[2], ARGV[4], class, d['model'], d['vram_mib'],
+                              d['encoder_sessions'], d['render_slots'], d['available'],
+                              d['unavailable_reason'], d['unexplained_vram_mib']}, '|')
+  -- a beat that changes nothing of a live device only moves its deadline (three calls)
+  local changed = old[4] ~= offer or tonumber(old[1] or '0') < now
+  if changed then
+    redis.call('HSET', dk, 'agent', ARGV[2], 'host', ARGV[4], 'class', class,
+               'model', d['model'], 'vram', d['vram_mib'], 'enc', d['encoder_sessions'],
+               'slots', d['render_slots'], 'available', d['available'],
+               'unavailable_reason', d['unavailable_reason'],
+               'unexplained_vram', d['unexplained_vram_mib'], 'offer', offer)
+    for _, field in ipairs({'used_vram', 'used_enc', 'used_slots', 'token'}) do
+      redis.call('HSETNX', dk, field, 0)
     end
-    redis.call('HINCRBY', P .. 'shapes', shape, 1)
-    redis.call('HSET', dk, 'shape', shape)
+    if old[2] and old[2] ~= class then
+      redis.call('ZREM', index_key(old[2], 'render'), d['id'])
+      redis.call('ZREM', index_key(old[2], 'stream'), d['id'])
+    end
+    redis.call('SADD', P .. 'classes', class)
+    -- the count of devices of each shape answers "could this ever fit?" without a scan
+    local shape = class .. '|' .. d['vram_mib'] .. '|' .. d['encoder_sessions'] .. '|'
+                  .. d['render_slots']
+    if old[3] ~= shape then
+      if old[3] and redis.call('HINCRBY', P .. 'shapes', old[3], -1) <= 0 then
+        redis.call('HDEL', P .. 'shapes', old[3])
+      end
+      redis.call('HINCRBY', P .. 'shapes', shape, 1)
+      redis.call('HSET', dk, 'shape', shape)
+    end
   end
   -- NVML's energy counter (J since the driver loaded; -1: not reported). One agent per device
   -- reports it (another takes over when it dies); each increase is split evenly between the
@@ -499,8 +506,10 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
       redis.call('HSET', dk, 'energy_last', e)
     end
   end
-  redis.call('SADD', P .. 'devices', d['id'])
-  place(d['id'], device_fields(d['id']), now, true)
+  if changed then
+    redis.call('SADD', P .. 'devices', d['id'])
+    place(d['id'], device_fields(d['id']), now, true)
+  end
 end
 return 1
 """

@@ -99,3 +99,31 @@ def test_expired_leases_and_silent_devices_are_reclaimed_in_proportion_to_them(
     # two leases ended (usage records, counters, indexes), nothing read per device
     assert cost - quiet <= 40, (cost, quiet)
     assert "gpu-x" not in {d.id for d in alloc.devices() if d.alive}
+
+
+def test_a_heartbeat_that_changes_nothing_only_moves_the_deadlines(rconn: redis.Redis) -> None:
+    clock = Clock()
+    alloc = _pool(rconn, clock, 8)
+    offers = [DeviceOffer(f"gpu-0-{i}", "t4", "Tesla T4", 15360, 8, 2) for i in range(8)]
+    alloc.register("agent-0", "host-0", offers, ttl_s=3600)
+    clock.ms += 5_000
+    beat = _commands(rconn, lambda: alloc.register("agent-0", "host-0", offers, ttl_s=3600))
+    assert beat <= 3 * len(offers) + 6, beat
+    # a change (memory no lease explains) still reaches the placement indexes at once
+    busy = [DeviceOffer(o.id, "t4", "Tesla T4", 15360, 8, 2, unexplained_vram_mib=15000)
+            for o in offers]  # fmt: skip
+    alloc.register("agent-0", "host-0", busy, ttl_s=3600)
+    assert alloc.try_acquire("s", Request("stream", vram_mib=1000, encoder_sessions=1)) is None
+
+
+def test_a_device_whose_agent_comes_back_is_placed_again(rconn: redis.Redis) -> None:
+    clock = Clock()
+    rconn.flushall()
+    alloc = SlotAllocator(rconn, ttl_s=10, clock_ms=clock)
+    t4 = [DeviceOffer("gpu-back", "t4", "Tesla T4", 15360, 8, 2)]
+    alloc.register("agent", "host", t4, ttl_s=1)
+    clock.ms += 2_000  # silent past its timeout: the next call takes it out of the pool
+    assert alloc.try_acquire("s", Request("stream", encoder_sessions=1)) is None
+    alloc.register("agent", "host", t4, ttl_s=1)  # the same offer, beating again
+    lease = alloc.try_acquire("s", Request("stream", encoder_sessions=1))
+    assert lease is not None and lease.device == "gpu-back"
