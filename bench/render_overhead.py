@@ -5,6 +5,12 @@
     Blender child, stitching;
 (c) what most farms do: a fresh Blender process per tile, then the same stitching.
 
+The farm's Blender child runs in its sandbox (FARM_SANDBOX, bwrap unless set to none); with
+--unsandboxed the run adds (b0), the same farm job with FARM_SANDBOX=none, for the sandbox's
+own cost. Then the cost of a child switch between projects: a worker's child serves one
+project's file set, and a tile of another project's file starts a fresh sandboxed child; the
+first tile after a switch is timed against a tile of a child that already holds its file.
+
 Prints wall times, the ratios b/a and c/a, and the per-tile overhead of (b) in ms two ways:
 all-in, (b - a) / tiles, which spreads the farm's fixed start-up (redis-server, worker, Blender
 child, inspection) over the tiles; and marginal, (b - b1) / (tiles - frames), where b1 is the
@@ -12,6 +18,7 @@ same farm job with 1x1 tiles in the same run, which is what one more tile costs.
 spreads over --runs repetitions, then one JSON line with every figure.
 
     python bench/render_overhead.py [--scene farm/examples/example.blend] [--frames 1-4] [--runs 3]
+        [--unsandboxed] [--switches 5]
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,8 +40,9 @@ sys.path.insert(0, str(REPO))
 from farm import embedded, submission  # noqa: E402
 from farm.frames import parse_frames  # noqa: E402
 from farm.settings import Settings  # noqa: E402
-from farm.tiling import TileGrid, border_floats, plan_tiles  # noqa: E402
+from farm.tiling import Rect, TileGrid, border_floats, plan_tiles  # noqa: E402
 from workers import exr  # noqa: E402
+from workers.child import BlenderChild  # noqa: E402
 from workers.stitching import stitch  # noqa: E402
 
 PLAIN = """
@@ -114,8 +123,12 @@ def run_plain(scene: Path, frames: list[int], tmp: Path, samples: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_farm(scene: Path, frames: list[int], tmp: Path, tiles: str, samples: int) -> float:
+def run_farm(
+    scene: Path, frames: list[int], tmp: Path, tiles: str, samples: int, sandbox: str = ""
+) -> float:
     settings = Settings().with_(storage_dir=tmp / "storage", work_dir=tmp / "work")
+    if sandbox:
+        settings = settings.with_(sandbox=sandbox)
     req = submission.RenderRequest(
         output=tmp / "out",
         frames=",".join(map(str, frames)),
@@ -153,6 +166,42 @@ def run_process_per_tile(
     return time.perf_counter() - t0
 
 
+def run_switches(
+    scene: Path, tmp: Path, size: tuple[int, int], samples: int, switches: int
+) -> dict[str, list[float]]:
+    """One tile of ``scene`` rendered by a sandboxed child, alternating between two projects'
+    copies of it: seconds of the first tile after each switch (fresh child: start, load,
+    render), of the next tile (the child holds the file), and of the child's start alone."""
+    width, height = size
+    rect = plan_tiles(width, height, TileGrid.parse("2x2"))[0].render
+    roots = [tmp / "project-a", tmp / "project-b"]
+    for root in roots:
+        root.mkdir()
+        shutil.copy(scene, root / scene.name)
+    settings = Settings().with_(work_dir=tmp / "work")
+    out: dict[str, list[float]] = {"switch_s": [], "kept_s": [], "start_s": []}
+    with BlenderChild.for_settings(settings, "bench") as child:
+        for i in range(switches + 1):
+            root = roots[i % 2]
+            child.use(f"project-{i % 2}", root)
+            first = _tile(child, root / scene.name, width, height, rect, samples)
+            kept = _tile(child, root / scene.name, width, height, rect, samples)
+            if i:  # the first start is the worker's own, not a switch
+                out["switch_s"].append(first)
+                out["kept_s"].append(kept)
+                out["start_s"].append(child.start_s or 0.0)
+    return out
+
+
+def _tile(
+    child: BlenderChild, blend: Path, width: int, height: int, rect: Rect, samples: int
+) -> float:
+    t0 = time.perf_counter()
+    child.render(blend, frame=1, width=width, height=height, rect=rect, samples=samples or None,
+                 out_path=child.work_dir / "tile.exr", timeout_s=600)  # fmt: skip
+    return time.perf_counter() - t0
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -164,20 +213,25 @@ def main() -> None:
     ap.add_argument("--tiles", default="2x2")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--samples", type=int, default=0, help="override the scene's samples")
+    ap.add_argument("--unsandboxed", action="store_true",
+                    help="also run (b0): the farm job with FARM_SANDBOX=none")  # fmt: skip
+    ap.add_argument("--switches", type=int, default=5, help="child switches timed; 0 = none")
     args = ap.parse_args()
     frames = parse_frames(args.frames)
     size = scene_size(args.scene)
     n_tiles = len(frames) * TileGrid.parse(args.tiles).count
     n_frames = len(frames)
-    a, b, b1, c, overhead_ms, marginal_ms = [], [], [], [], [], []
+    a, b, b0, b1, c, overhead_ms, marginal_ms = [], [], [], [], [], [], []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            for sub in ("a", "b", "b1", "c"):
+            for sub in ("a", "b", "b0", "b1", "c"):
                 (tmp / sub).mkdir()
             n = args.samples
             a.append(run_plain(args.scene, frames, tmp / "a", n))
             b.append(run_farm(args.scene, frames, tmp / "b", args.tiles, n))
+            if args.unsandboxed:
+                b0.append(run_farm(args.scene, frames, tmp / "b0", args.tiles, n, "none"))
             b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1", n))
             c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size, n))
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
@@ -210,6 +264,28 @@ def main() -> None:
         f"    embedded farm 1x1  median {statistics.median(b1):7.2f} s  "
         f"[{min(b1):.2f} .. {max(b1):.2f}]"
     )
+    if b0:
+        sandbox_ms = [(y - x) / n_tiles * 1000 for x, y in zip(b0, b, strict=True)]
+        print(
+            f"(b0) farm, no sandbox  median {statistics.median(b0):7.2f} s  "
+            f"[{min(b0):.2f} .. {max(b0):.2f}]  b0/a "
+            f"{statistics.median([y / x for x, y in zip(a, b0, strict=True)]):.3f}; "
+            f"the sandbox costs (b-b0)/tiles {statistics.median(sandbox_ms):.1f} ms per tile "
+            f"[{min(sandbox_ms):.1f} .. {max(sandbox_ms):.1f}]"
+        )
+    switching: dict[str, list[float]] = {}
+    if args.switches:
+        with tempfile.TemporaryDirectory() as d:
+            switching = run_switches(args.scene, Path(d), size, args.samples, args.switches)
+        cost = [s - k for s, k in zip(switching["switch_s"], switching["kept_s"], strict=True)]
+        switching["switch_cost_s"] = cost
+        print(
+            f"child switch between projects ({args.switches}x, one 2x2 tile): first tile "
+            f"{statistics.median(switching['switch_s']):.3f} s, next tile "
+            f"{statistics.median(switching['kept_s']):.3f} s; a switch costs "
+            f"{statistics.median(cost):.3f} s [{min(cost):.3f} .. {max(cost):.3f}], of which "
+            f"the sandboxed child's start {statistics.median(switching['start_s']):.3f} s"
+        )
     print(
         f"per-tile overhead of (b), all-in (b-a)/tiles: median "
         f"{statistics.median(overhead_ms):.1f} ms "
@@ -238,6 +314,8 @@ def main() -> None:
                 "process_per_tile_over_plain_ratio": spread(ratio_c),
                 "farm_overhead_per_tile_ms": spread(overhead_ms),
                 "farm_marginal_cost_per_tile_ms": spread(marginal_ms),
+                **({"farm_unsandboxed_s": spread(b0)} if b0 else {}),
+                **{f"child_{k}": spread(v) for k, v in switching.items()},
             }
         )
     )

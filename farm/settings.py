@@ -246,6 +246,19 @@ class Settings:
     stream_token_ttl_s: float = 300.0
     """FARM_STREAM_TOKEN_TTL_S: lifetime of a stream token the web signs (one per request)."""
 
+    # --- H2: the Blender child's sandbox (issue #11 item 3) --------------------------------
+
+    blender_memory_mib: int = 0
+    """FARM_BLENDER_MEMORY_MIB: memory (RAM + swap) of one sandboxed Blender child; 0 = no
+    limit (a scene's needs vary: set it to what the worker's host can give one child)."""
+
+    blender_pids: int = 1024
+    """FARM_BLENDER_PIDS: processes and threads one Blender child may have (Cycles runs a
+    thread per core); 0 = no limit."""
+
+    blender_cpu_cores: float = 0.0
+    """FARM_BLENDER_CPU_CORES: CPU one Blender child may use (cores); 0 = no limit."""
+
     metrics_port: int = 0
     """FARM_METRICS_PORT: port of a render worker's Prometheus /metrics server; 0 = none (the
     web and the stream service serve /metrics on their own port)."""
@@ -431,6 +444,10 @@ ENV: dict[str, tuple[str, type, float]] = {
     "stream_cpu_cores": ("FARM_STREAM_CPU_CORES", float, 0.0),
     "stream_secret": ("FARM_STREAM_SECRET", str, 0),
     "stream_token_ttl_s": ("FARM_STREAM_TOKEN_TTL_S", float, 5.0),
+    # H2: the Blender child's sandbox
+    "blender_memory_mib": ("FARM_BLENDER_MEMORY_MIB", int, 0),
+    "blender_pids": ("FARM_BLENDER_PIDS", int, 0),
+    "blender_cpu_cores": ("FARM_BLENDER_CPU_CORES", float, 0.0),
     "stop_grace_s": ("FARM_STOP_GRACE_S", float, 0),
     "web_host": ("FARM_WEB_HOST", str, 0),
     "web_port": ("FARM_WEB_PORT", int, 0),

@@ -8,9 +8,11 @@ timeouts and error replies into farm.errors.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import os
+import re
 import select
 import signal
 import struct
@@ -19,9 +21,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from farm import lifetime
+from farm import lifetime, sandbox
 from farm.errors import (
     BlenderCrashed,
     RenderError,
@@ -37,6 +39,8 @@ START_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 20
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
+#: the only environment a sandboxed child gets (no FARM_*, no credentials of the worker's)
+CHILD_ENV = frozenset({"PYTHONPATH", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "LANG"})
 
 
 class BlenderChild(lifetime.ChildHandle):
@@ -56,6 +60,7 @@ class BlenderChild(lifetime.ChildHandle):
         gpu_backend: str | None = None,
         threads: int = 0,
         name: str = "blender",
+        settings: Settings | None = None,
     ) -> None:
         self.python = python
         self.work_dir = Path(work_dir)
@@ -64,6 +69,9 @@ class BlenderChild(lifetime.ChildHandle):
         self.gpu_backend = gpu_backend
         self.threads = threads
         self.name = name
+        #: the farm's settings: the child then runs sandboxed (farm.sandbox, FARM_SANDBOX)
+        self.settings = settings
+        self._box: sandbox.Sandboxed | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._cmd_fd: int | None = None
         self._reply_fd: int | None = None
@@ -108,6 +116,7 @@ class BlenderChild(lifetime.ChildHandle):
             gpu_backend=settings.gpu_backend,
             threads=settings.cpu_threads,
             name=name,
+            settings=settings,
         )
 
     def start(self, wait: bool = True) -> None:
@@ -120,6 +129,8 @@ class BlenderChild(lifetime.ChildHandle):
             return
         self._cleanup()
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        log_dir = self.log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
         argv = [
@@ -138,30 +149,92 @@ class BlenderChild(lifetime.ChildHandle):
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
         # The pid names the log, but is known only after the spawn: start under a temp name.
-        pending_log = self.work_dir / f"{self.name}-starting-{os.getpid()}-{id(self)}.log"
+        pending_log = log_dir / f"{self.name}-starting-{os.getpid()}-{id(self)}.log"
         self._started_at = time.monotonic()
         try:
             with open(pending_log, "ab") as log:
-                self._proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(cmd_r, reply_w),
-                    cwd=self.work_dir,
-                    env=env,
-                    # its own process group: a terminal's Ctrl-C or a group SIGTERM reaches the
-                    # worker, which decides whether the tile in hand finishes (workers.shutdown)
-                    process_group=0,
-                )
+                if self.settings is not None:
+                    spec = self.sandbox_spec(self.settings, env)
+                    self._box = sandbox.spawn(
+                        self.settings, spec, argv, stdin=subprocess.DEVNULL, stdout=log,
+                        stderr=subprocess.STDOUT, pass_fds=(cmd_r, reply_w),
+                    )  # fmt: skip
+                    self._proc = self._box.proc
+                else:
+                    self._proc = self._plain(argv, env, log, (cmd_r, reply_w))
         finally:
             os.close(cmd_r)
             os.close(reply_w)
         self._cmd_fd, self._reply_fd = cmd_w, reply_r
-        self._log_path = self.work_dir / f"{self.name}-{self._proc.pid}.log"
+        self._log_path = log_dir / f"{self.name}-{self._proc.pid}.log"
         os.replace(pending_log, self._log_path)
         if wait:
             self.wait_ready()
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the children's logs go: beside the scratch folder when sandboxed, so that a
+        child never reads an earlier child's (another project's) log."""
+        if self.settings is None:
+            return self.work_dir
+        return self.work_dir.parent / f"{self.work_dir.name}-logs"
+
+    def sandbox_spec(self, settings: Settings, env: dict[str, str]) -> sandbox.SandboxSpec:
+        """What the sandboxed child sees: the Python runtime (interpreter, venv with bpy, the
+        farm's source) and the job's file set read-only, its scratch folder read-write, the
+        GPU's device nodes; no network, no other environment than ``env``; the limits of
+        FARM_BLENDER_*."""
+        python = Path(self.python)
+        # the interpreter's own installation and, for a venv's, the one it links to
+        prefixes = {python.parent.parent, python.resolve().parent.parent}
+        ro = [*sandbox.runtime_binds("farm", "workers")]
+        ro += [(p, p) for p in sorted(prefixes) if p.is_absolute() and p != Path("/")]
+        if self.root is not None:
+            ro.append((self.root, self.root))
+        devices: tuple[Path, ...] = ()
+        if self.device == "gpu":
+            devices = tuple(Path(p) for p in sorted(glob.glob("/dev/nvidia*")))
+        spec = sandbox.SandboxSpec(
+            name=re.sub(r"[^A-Za-z0-9_.-]", "_", f"blender-{self.name}")[:64],
+            ro_binds=tuple(dict.fromkeys(ro)),
+            rw_binds=((self.work_dir, self.work_dir),),
+            env={k: v for k, v in env.items() if k in CHILD_ENV},
+            limits=sandbox.Limits(
+                memory_mib=settings.blender_memory_mib,
+                pids=settings.blender_pids,
+                cpu_cores=settings.blender_cpu_cores,
+            ),
+            uid=settings.sandbox_uid,
+            gid=settings.sandbox_gid,
+            chdir=self.work_dir,
+            devices=devices,
+        )
+        sandbox.owned_dir(self.work_dir, spec)
+        return spec
+
+    def writable(self, folder: Path) -> Path:
+        """``folder`` (inside the scratch folder) made, and writable by the sandboxed child."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.settings is not None and self.settings.sandbox != "none" and os.geteuid() == 0:
+            os.chown(folder, self.settings.sandbox_uid, self.settings.sandbox_gid)
+        return folder
+
+    def _plain(
+        self, argv: list[str], env: dict[str, str], log: IO[bytes], fds: tuple[int, int]
+    ) -> subprocess.Popen[bytes]:
+        """The child as a plain subprocess (no settings: tests of the child itself)."""
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+            cwd=self.work_dir,
+            env=env,
+            # its own process group: a terminal's Ctrl-C or a group SIGTERM reaches the
+            # worker, which decides whether the tile in hand finishes (workers.shutdown)
+            process_group=0,
+        )
 
     def wait_ready(self) -> None:
         """Wait for the started child's first reply: bpy imported, devices set up."""
@@ -199,9 +272,13 @@ class BlenderChild(lifetime.ChildHandle):
         proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+                proc.kill()  # bubblewrap's --die-with-parent takes the sandbox with it
 
     def _cleanup(self) -> None:
+        if self._box is not None:
+            # the sandbox's every process (a fork Blender left behind included) and its cgroup
+            self._box.close()
+            self._box = None
         for fd in (self._cmd_fd, self._reply_fd):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -404,6 +481,8 @@ class BlenderChild(lifetime.ChildHandle):
             status = self._proc.wait()
         self._cleanup()
         tail = self._log_tail()
+        if self.settings is not None and 128 < status < 128 + 65:
+            status = 128 - status  # bubblewrap reports a child's death by signal N as 128 + N
         if status < 0:
             sig_name = signal.Signals(-status).name
             how = f"Blender crashed ({sig_name}, signal {-status})"

@@ -401,7 +401,7 @@ def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> Non
     # tiles are read from the storage into, and the frame's files written to, a scratch folder;
     # the files then go to the job's output (folder or S3) through farm.delivery
     work = ctx.scratch / f"{job_id}-{frame}-assembly"
-    work.mkdir(parents=True, exist_ok=True)
+    ctx.child.writable(work)  # the (sandboxed) child writes the frame's files there
     try:
         outputs = [
             ctx.storage.fetch(tile_key(job_id, frame, i, a), work / f"tile-{i}.exr")

@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from farm import jobstore, metrics, queue
+from farm import jobstore, metrics, queue, sandbox
 from farm.agent import DeviceAgent
 from farm.devices import Device
 from farm.errors import DeviceUnavailable
@@ -35,6 +35,8 @@ def serve(
     the worker's own imports.
     """
     name = name or settings.worker_name()
+    # members' .blend files run in the sandbox: a host that cannot make one says why, now
+    sandbox.check(settings)
     if child is None:
         child = BlenderChild.for_settings(settings, name)
         child.start(wait=False)

@@ -153,6 +153,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         sandbox="none", sandbox_uid=1000, sandbox_gid=1001, sandbox_cgroup="/sys/fs/cgroup/t",
         stream_memory_mib=100, stream_pids=10, stream_cpu_cores=0.5, stream_secret="s" * 32,
         stream_token_ttl_s=60.0,
+        blender_memory_mib=512, blender_pids=64, blender_cpu_cores=1.5,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):
