@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -83,6 +84,8 @@ def _farm_env(redis_url: str, tmp: Path) -> dict[str, str]:
         FARM_REDIS_URL=redis_url,
         FARM_STORAGE_DIR=str(tmp / "storage"),
         FARM_WORK_DIR=str(tmp / "work"),
+        # the web signs stream tokens with it, the stream service refuses to start without it
+        FARM_STREAM_SECRET=secrets.token_urlsafe(32),
     )
 
 

@@ -50,7 +50,12 @@ def s3_worker(
         FARM_S3_ADDRESSING_STYLE="path",
     )
     try:
-        until(lambda: "Listening on" in proc.log_text(), 60, "the worker listening")
+
+        def started() -> bool:
+            return "Listening on" in proc.log_text() or proc.proc.poll() is not None
+
+        until(started, 60, "the worker listening")
+        assert proc.proc.poll() is None, f"the worker died:\n{proc.log_text()}"
         yield proc
     finally:
         proc.stop()
