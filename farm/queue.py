@@ -323,7 +323,7 @@ def run_worker(
     signal is also passed to ``on_signal``, which decides how long the current task may run.
     """
     worker = _FarmWorker(
-        [RenderQueue(conn, device_class).queue],
+        [_BandedQueue(keys.render_queue(device_class), connection=conn)],
         queue_class=_BandedQueue,
         name=name,
         connection=conn,

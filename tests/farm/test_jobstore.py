@@ -17,7 +17,7 @@ from rq.exceptions import DequeueTimeout
 from farm import keys
 from farm.jobstore import JobStore, Sweep
 from farm.models import BlendSource, JobSpec, TileTask
-from farm.queue import RenderQueue, _BandedQueue
+from farm.queue import RenderQueue, _BandedQueue, run_worker
 from farm.states import JobState, TileState
 from farm.submission import submit
 
@@ -326,3 +326,16 @@ def test_a_list_reads_every_status_at_once(store: JobStore, queue: RenderQueue) 
     assert reads == [], "one pipeline, not a call per job"
     assert [s.state if s else None for s in found] == ["queued", None, "canceled"]
     assert found[0] == store.status(first)
+
+
+def test_a_burst_worker_serves_its_class_through_the_banded_dequeue(
+    store: JobStore, queue: RenderQueue
+) -> None:
+    # a real rq worker with the farm's dequeue takes work from the class queue and a band
+    queue.queue.enqueue_call("builtins.len", args=([1],), result_ttl=60)
+    high = queue.band(3).enqueue_call("builtins.len", args=([1, 2],), result_ttl=60)
+    queue.conn.zadd(queue.bands_key, {queue.band(3).key: 3})
+    assert queue.depth() == 2
+    run_worker(queue.conn, "cpu", "burst-test", burst=True)
+    assert queue.depth() == 0
+    assert high.get_status(refresh=True) == "finished" and high.return_value() == 2
