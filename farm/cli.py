@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from farm.errors import BadParameter, FarmError, JobCanceled
 from farm.models import DEFAULT_FORMATS
 from farm.settings import DEVICE_KINDS, Settings
+from farm.terminal import safe
 
 # Each command imports what it needs when it runs: `farm worker` starts its Blender child
 # before anything heavy (rq, redis, numpy) is imported, so `import bpy` overlaps them.
@@ -188,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             print(json.dumps(exc.to_dict()))
         # one line a user can act on; details (log tails) follow on their own lines
-        print(f"farm: error: {exc.message}", file=sys.stderr)
+        print(f"farm: error: {safe(exc.message)}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("farm: interrupted", file=sys.stderr)
@@ -273,7 +274,7 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     delivery.check_output(spec, settings)
     job_id = submission.submit(rq_conn, store, render_queue, spec, warnings, report.autoexec_fail)
     for w in warnings:
-        print(f"farm: warning: {w}", file=sys.stderr)
+        print(f"farm: warning: {safe(w)}", file=sys.stderr)
     if args.wait:
         _watch(store, job_id)
     if args.json:
@@ -294,7 +295,7 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
         for j in jobs:
             print(
                 f"{j.id:<26} {j.state:<11} {j.tiles_done:>5}/{j.tiles_total:<5} "
-                f"{j.frames_done:>4}/{j.frames_total:<4}  {j.spec.name}"
+                f"{j.frames_done:>4}/{j.frames_total:<4}  {safe(j.spec.name)}"
             )
         return None
     job = store.status(args.job)
@@ -302,18 +303,18 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
         return job.to_dict()
     started = job.started_s or job.created_s
     took = (job.finished_s or time.time()) - started
-    print(f"job {job.id} ({job.spec.name}): {job.state}")
+    print(f"job {job.id} ({safe(job.spec.name)}): {job.state}")
     print(
         f"  tiles {job.tiles_done}/{job.tiles_total}, frames {job.frames_done}/{job.frames_total}, "
         f"failed attempts {job.tile_failures}, {took:.1f} s"
     )
-    print(f"  output {job.spec.output}")
+    print(f"  output {safe(job.spec.output)}")
     if job.reason:
-        print(f"  reason: {job.reason}")
+        print(f"  reason: {safe(job.reason)}")
     if job.scripts_blocked:
         print("  the file wanted to run Python scripts; they were blocked")
     for w in job.warnings:
-        print(f"  warning: {w}")
+        print(f"  warning: {safe(w)}")
     return None
 
 

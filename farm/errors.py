@@ -235,6 +235,20 @@ class NoCapacity(FarmError):
     exit_status = 5
 
 
+class OverLimit(FarmError):
+    """A project is at one of its limits (uploads in flight, inspections, queued tiles, stored
+    bytes); ``limit`` names it and ``allowed`` gives its value. Retry when work has finished."""
+
+    code = "over_limit"
+    exit_status = 5
+
+
+class NoWorker(NoCapacity):
+    """No render worker of the device class asked for is online; nothing was queued."""
+
+    code = "no_worker"
+
+
 class NeverFits(InputError):
     """No device in the pool could ever take the request (too large, or a forbidden class)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +32,21 @@ SPLIT_MODES = (TILES, SAMPLE_SPLIT)
 #: largest image side Cycles is asked to render, in pixels
 MAX_RESOLUTION = 65_536
 MAX_SAMPLES = 1_000_000
+#: bounds of a job's options (the API, the CLI and the embedded farm check the same ones)
+#: the narrowest tile side, in pixels: finer grids cost more in per-tile overhead than they save
+MIN_TILE_PX = 8
+#: tiles (frames x tiles per frame, or sample-split parts) one job may queue, where the farm
+#: sets no lower limit of its own (FARM_JOB_MAX_TILES)
+MAX_JOB_TASKS = 100_000
+#: attempts per tile a job may ask for
+MAX_ATTEMPTS = 10
+#: the longest a tile may be allowed to render, in seconds (7 days)
+MAX_TILE_TIMEOUT_S = 7 * 24 * 3600.0
+MIN_TILE_TIMEOUT_S = 0.1
+#: a job name: 1 to 128 letters, digits, spaces and . , _ - + ( ) # @ & ' (no control
+#: characters, slashes or markup: names are printed in terminals and pages)
+MAX_NAME_CHARS = 128
+JOB_NAME_RE = re.compile(rf"[\w .,+()#@&'-]{{1,{MAX_NAME_CHARS}}}")
 
 
 def parse_formats(text: str) -> tuple[str, ...]:

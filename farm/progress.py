@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from farm.terminal import safe
+
 #: a pipe or CI log gets a line at most this often, unless a frame completes
 PLAIN_INTERVAL_S = 5.0
 #: the bar is left out when fewer columns than this are left for it
@@ -117,6 +119,7 @@ class ProgressBar:
 
     def note(self, line: str) -> None:
         """Print a message line; on a TTY the bar is cleared first and drawn again below it."""
+        line = safe(line)  # messages carry users' names: no escape sequence gets through
         if self._tty and self._drawn:
             self._write(f"\r{CLEAR_TO_EOL}{line}\n")
             if not self._closed:
@@ -131,7 +134,7 @@ class ProgressBar:
         self._closed = True
         prefix = f"\r{CLEAR_TO_EOL}" if self._tty and self._drawn else ""
         self._drawn = False
-        self._write(f"{prefix}{final}\n")
+        self._write(f"{prefix}{safe(final)}\n")
 
     def _status(self) -> str:
         return status_text(

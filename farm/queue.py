@@ -18,6 +18,7 @@ from rq import Queue, SimpleWorker
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.utils import as_text, now
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from farm import keys, redisclient
 from farm.models import BlendSource, TileTask
@@ -121,8 +122,9 @@ class RenderQueue:
             description=f"job {job_id} assemble frame {frame}",
         )
 
-    def enqueue_inspection(self, source: BlendSource, reply_key: str, timeout_s: float) -> None:
-        guard(
+    def enqueue_inspection(self, source: BlendSource, reply_key: str, timeout_s: float) -> str:
+        """Queue an inspection at the front; returns its rq id (for drop_waiting)."""
+        job: Job = guard(
             self.queue.enqueue_call,
             INSPECT_TASK,
             args=(source.to_dict(), reply_key),
@@ -132,6 +134,15 @@ class RenderQueue:
             at_front=True,
             description=f"inspect {source.name}",
         )
+        return str(job.id)
+
+    def drop_waiting(self, rq_id: str) -> bool:
+        """Take a task no worker has started off the queue (an inspection no one waits for any
+        more); False when a worker already has it."""
+        if not guard(self.queue.remove, rq_id):
+            return False
+        guard(self.conn.delete, Job.key_for(rq_id))
+        return True
 
     def set_priority(self, job_id: str, priority: int) -> None:
         """Move a job's waiting tiles to the band of ``priority``: before every job of lower
@@ -334,6 +345,18 @@ def run_worker(
     worker.on_signal = on_signal
     logging.getLogger("rq.worker").setLevel(log_level)
     guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
+
+
+def live_workers(conn: Redis, device_class: str) -> int:
+    """Render workers serving ``device_class``'s queue now: rq's registrations whose heartbeat
+    key still lives (a worker killed outright drops out within WORKER_TTL_S)."""
+    registered = list(guard(conn.smembers, WORKERS_BY_QUEUE_KEY % keys.render_queue(device_class)))
+    if not registered:
+        return 0
+    pipe = conn.pipeline(transaction=False)
+    for key in registered:
+        pipe.exists(key)
+    return sum(1 for alive in guard(pipe.execute) if alive)
 
 
 def depths(conn: Redis) -> dict[str, int]:

@@ -299,6 +299,40 @@ class Settings:
     from Redis (queues, devices, leases, usage); ``off`` on every web replica but one, or each
     replica exports them and sums count them once per replica."""
 
+    # --- H3: web request hardening and per-project limits ------------------------------------
+
+    web_origins: str = ""
+    """FARM_WEB_ORIGINS: comma-separated origins the pages are reached at besides the web's own
+    (``https://farm.example.com`` behind a TLS proxy); cookie-authenticated writes from any
+    other origin are refused."""
+
+    metrics_token: str = ""
+    """FARM_METRICS_TOKEN: the bearer token the web's /metrics asks for; empty = a farm
+    admin's API token. Give FARM_WEB_METRICS_PORT instead to serve it on its own address."""
+
+    web_metrics_port: int = 0
+    """FARM_WEB_METRICS_PORT: serve the web's /metrics without a token on
+    FARM_METRICS_HOST:this port (a scrape-only address) instead of on the web's port; 0 = no."""
+
+    project_max_uploads: int = 4
+    """FARM_PROJECT_MAX_UPLOADS: uploads of one project in flight at once, farm-wide."""
+
+    project_max_inspections: int = 4
+    """FARM_PROJECT_MAX_INSPECTIONS: inspections of one project running at once, farm-wide."""
+
+    project_max_queued_tiles: int = 200_000
+    """FARM_PROJECT_MAX_QUEUED_TILES: tiles of one project's unfinished jobs, farm-wide."""
+
+    job_max_tiles: int = 100_000
+    """FARM_JOB_MAX_TILES: tiles (frames x tiles per frame) one job may have."""
+
+    project_max_stored_bytes: int = 1 << 40
+    """FARM_PROJECT_MAX_STORED_BYTES: bytes of uploads one project may keep (1 TiB)."""
+
+    upload_checks: int = 2
+    """FARM_UPLOAD_CHECKS: zip and decompression checks one web process runs at once (each
+    on its own thread, apart from the threads that answer requests)."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -461,6 +495,16 @@ ENV: dict[str, tuple[str, type, float]] = {
     "s3_public_url": ("FARM_S3_PUBLIC_URL", str, 0),
     "data_dir": ("FARM_DATA_DIR", Path, 0),
     "web_farm_metrics": ("FARM_WEB_FARM_METRICS", str, 0),
+    # H3: web request hardening and per-project limits
+    "web_origins": ("FARM_WEB_ORIGINS", str, 0),
+    "metrics_token": ("FARM_METRICS_TOKEN", str, 0),
+    "web_metrics_port": ("FARM_WEB_METRICS_PORT", int, 0),
+    "project_max_uploads": ("FARM_PROJECT_MAX_UPLOADS", int, 1),
+    "project_max_inspections": ("FARM_PROJECT_MAX_INSPECTIONS", int, 1),
+    "project_max_queued_tiles": ("FARM_PROJECT_MAX_QUEUED_TILES", int, 1),
+    "job_max_tiles": ("FARM_JOB_MAX_TILES", int, 1),
+    "project_max_stored_bytes": ("FARM_PROJECT_MAX_STORED_BYTES", int, 1),
+    "upload_checks": ("FARM_UPLOAD_CHECKS", int, 1),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -25,8 +25,15 @@ from farm.frames import parse_frames
 from farm.jobstore import JobStore
 from farm.models import (
     DEFAULT_FORMATS,
+    JOB_NAME_RE,
+    MAX_ATTEMPTS,
+    MAX_JOB_TASKS,
+    MAX_NAME_CHARS,
     MAX_RESOLUTION,
     MAX_SAMPLES,
+    MAX_TILE_TIMEOUT_S,
+    MIN_TILE_PX,
+    MIN_TILE_TIMEOUT_S,
     SAMPLE_SPLIT,
     SPLIT_MODES,
     TILES,
@@ -101,14 +108,65 @@ def check_request(req: RenderRequest) -> None:
     if req.resolution is not None:
         width, height = parse_resolution(req.resolution)
         plan_tiles(width, height, TileGrid.parse(req.tiles))
+        if req.mode != SAMPLE_SPLIT:
+            check_tile_size(width, height, TileGrid.parse(req.tiles))
     parse_formats(req.formats)
     if req.device not in DEVICE_KINDS:
         raise BadParameter(f"device {req.device!r} is not one of {', '.join(DEVICE_KINDS)}")
     if req.overlap_px is not None and not 0 <= req.overlap_px <= 1024:
         raise BadParameter(f"tile overlap must be 0 to 1024 pixels, not {req.overlap_px}")
-    if req.max_attempts < 1:
-        raise BadParameter("max attempts must be at least 1")
+    if not 1 <= req.max_attempts <= MAX_ATTEMPTS:
+        raise BadParameter(f"max attempts must be 1 to {MAX_ATTEMPTS}, not {req.max_attempts}")
+    if not MIN_TILE_TIMEOUT_S <= req.tile_timeout_s <= MAX_TILE_TIMEOUT_S:
+        raise BadParameter(
+            f"tile timeout must be {MIN_TILE_TIMEOUT_S:g} to {MAX_TILE_TIMEOUT_S:.0f} s, "
+            f"not {req.tile_timeout_s:g}"
+        )
+    if req.name is not None:
+        check_job_name(req.name)
     _check_modes(req)
+
+
+def check_job_name(name: str) -> str:
+    if not JOB_NAME_RE.fullmatch(name):
+        raise BadParameter(
+            f"job name {name[:40]!r} must be 1 to {MAX_NAME_CHARS} letters, digits, spaces or "
+            ". , _ - + ( ) # @ & '",
+            field="name",
+        )
+    return name
+
+
+def name_from_file(file_name: str) -> str:
+    """A job name from an upload's file name: its stem, other characters made ``_``."""
+    stem = Path(file_name).stem
+    clean = "".join(c if JOB_NAME_RE.fullmatch(c) else "_" for c in stem)[:MAX_NAME_CHARS]
+    return clean or "job"
+
+
+def check_tile_size(width: int, height: int, grid: TileGrid) -> None:
+    """Every tile at least MIN_TILE_PX on each side (smaller tiles cost more than they save)."""
+    tile_w, tile_h = width // grid.cols, height // grid.rows
+    if min(tile_w, tile_h) < MIN_TILE_PX:
+        raise BadParameter(
+            f"tile grid {grid} cuts the {width}x{height} image into tiles of {tile_w}x{tile_h} "
+            f"pixels; tiles must be at least {MIN_TILE_PX} pixels on each side: ask for fewer "
+            "tiles",
+            field="tiles",
+            min_tile_px=MIN_TILE_PX,
+        )
+
+
+def check_task_count(frames: int, per_frame: int, max_tasks: int) -> None:
+    """A job queues frames x tiles per frame tasks; at most ``max_tasks``."""
+    if frames * per_frame > max_tasks:
+        raise BadParameter(
+            f"the job would queue {frames} frame(s) x {per_frame} tile(s) = "
+            f"{frames * per_frame} tiles; a job may have at most {max_tasks}: render fewer "
+            "frames or fewer tiles per frame",
+            limit="tiles_per_job",
+            allowed=max_tasks,
+        )
 
 
 def _check_modes(req: RenderRequest) -> None:
@@ -135,9 +193,13 @@ def _check_modes(req: RenderRequest) -> None:
 
 
 def plan_job(
-    req: RenderRequest, report: InspectionReport, source: BlendSource
+    req: RenderRequest,
+    report: InspectionReport,
+    source: BlendSource,
+    max_tasks: int = MAX_JOB_TASKS,
 ) -> tuple[JobSpec, list[str]]:
-    """The job to queue, and warnings for the user; raises when the file cannot render right."""
+    """The job to queue, and warnings for the user; raises when the file cannot render right
+    or would queue more than ``max_tasks`` tiles."""
     check_request(req)
     if report.camera is None:
         hint = (
@@ -176,6 +238,10 @@ def plan_job(
         if samples < req.split_parts:
             raise BadParameter(f"cannot split {samples} sample(s) into {req.split_parts} parts")
         grid, overlap = TileGrid.of(1, 1), 0
+        check_task_count(len(frames), req.split_parts, max_tasks)
+    else:
+        check_tile_size(width, height, grid)
+        check_task_count(len(frames), grid.count, max_tasks)
 
     warnings = []
     if report.engine != "CYCLES":
@@ -183,7 +249,7 @@ def plan_job(
     if report.denoising and not req.denoise:
         warnings.append(
             "the file asks for denoising, the job does not: ask for denoising (farm --denoise, "
-            "or \"denoise\": true in the API) to denoise each frame once after stitching"
+            'or "denoise": true in the API) to denoise each frame once after stitching'
         )
     if req.mode == SAMPLE_SPLIT and report.adaptive_sampling:
         warnings.append(
@@ -207,7 +273,7 @@ def plan_job(
         width=width,
         height=height,
         output=output_address(req.output),
-        name=req.name or Path(source.name).stem,
+        name=req.name or name_from_file(source.name),
         samples=samples,
         overlap_px=overlap,
         formats=parse_formats(req.formats),
@@ -242,7 +308,7 @@ def inspect(
     ``on_wait`` runs about once a second while waiting (the embedded farm checks its workers).
     """
     reply_key = keys.reply(uuid.uuid4().hex)
-    queue.enqueue_inspection(source, reply_key, timeout_s)
+    rq_id = queue.enqueue_inspection(source, reply_key, timeout_s)
     deadline = time.monotonic() + timeout_s
     popped = None
     while popped is None and time.monotonic() < deadline:
@@ -250,6 +316,8 @@ def inspect(
         if popped is None and on_wait is not None:
             on_wait()
     if popped is None:
+        # no one waits for it any more: a worker that comes later must not find it queued
+        queue.drop_waiting(rq_id)
         raise QueueError(
             f"no {queue.device_class} worker answered within {timeout_s:.0f} s; "
             f"start one with `farm worker --device {queue.device_class}`"

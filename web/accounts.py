@@ -7,6 +7,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from farm import keys
 from farm.errors import BadParameter, NotFound
@@ -148,12 +149,20 @@ class Accounts:
         return IssuedToken(token_id, token, user)
 
     def revoke_token(self, token_id: str) -> None:
+        """The token stops working, and so does every browser session made with it."""
         sha = guard(self.conn.hget, keys.TOKEN_IDS, token_id)
         if sha is None:
             raise NotFound(f"no token with id {token_id!r}", token_id=token_id)
+        user = guard(self.conn.hget, keys.token(sha), "user")
+        sessions = guard(self.conn.smembers, keys.token_sessions(token_id))
         pipe = self.conn.pipeline()
         pipe.delete(keys.token(sha))
         pipe.hdel(keys.TOKEN_IDS, token_id)
+        for s in sessions:
+            pipe.delete(keys.web_session(s))
+            if user:
+                pipe.zrem(keys.user_sessions(user), s)
+        pipe.delete(keys.token_sessions(token_id))
         guard(pipe.execute)
 
     def user_for_token(self, token: str) -> str | None:
@@ -162,19 +171,105 @@ class Accounts:
         name: str | None = guard(self.conn.hget, keys.token(digest(token)), "user")
         return name
 
+    def token_id_for(self, token: str) -> str | None:
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        token_id: str | None = guard(self.conn.hget, keys.token(digest(token)), "id")
+        return token_id
+
     # --- browser sessions -------------------------------------------------------------------
 
-    def create_session(self, user: str, ttl_s: float) -> str:
+    def create_session(self, user: str, ttl_s: float, token_id: str = "") -> str:
+        """A new session cookie for ``user``, made with the token ``token_id`` (it ends when
+        that token is revoked). Only its sha256 is stored."""
         session = secrets.token_urlsafe(32)
-        guard(self.conn.set, keys.web_session(digest(session)), user, px=int(ttl_s * 1000))
+        sha = digest(session)
+        now = time.time()
+        expires = now + ttl_s
+        pipe = self.conn.pipeline()
+        pipe.hset(keys.web_session(sha), mapping={"user": user, "token_id": token_id,
+                                                  "created": now, "expires": expires})  # fmt: skip
+        pipe.pexpire(keys.web_session(sha), int(ttl_s * 1000))
+        pipe.zadd(keys.user_sessions(user), {sha: expires})
+        pipe.zremrangebyscore(keys.user_sessions(user), "-inf", now)
+        if token_id:
+            pipe.sadd(keys.token_sessions(token_id), sha)
+        guard(pipe.execute)
         return session
 
     def user_for_session(self, session: str) -> str | None:
-        name: str | None = guard(self.conn.get, keys.web_session(digest(session)))
+        """The session's user, while the session lives and the token it was made with does."""
+        key = keys.web_session(digest(session))
+        pipe = self.conn.pipeline(transaction=False)
+        pipe.type(key)
+        pipe.hgetall(key)
+        kind, data = guard(pipe.execute, raise_on_error=False)
+        if kind == "string":
+            # a session of the farm before sessions knew their token: it logs in again
+            guard(self.conn.delete, key)
+            return None
+        if isinstance(data, Exception) or not data or "user" not in data:
+            return None
+        token_id = data.get("token_id", "")
+        if token_id and not guard(self.conn.hexists, keys.TOKEN_IDS, token_id):
+            return None
+        name: str = data["user"]
         return name
 
     def end_session(self, session: str) -> None:
-        guard(self.conn.delete, keys.web_session(digest(session)))
+        self.end_session_by_id(digest(session))
+
+    def session_owner(self, session_id: str) -> str | None:
+        if not re.fullmatch(r"[0-9a-f]{64}", session_id):
+            return None
+        owner: str | None = guard(self.conn.hget, keys.web_session(session_id), "user")
+        return owner
+
+    def end_session_by_id(self, session_id: str) -> bool:
+        """End the session whose sha256 is ``session_id``; False when there was none."""
+        data = guard(self.conn.hgetall, keys.web_session(session_id))
+        pipe = self.conn.pipeline()
+        pipe.delete(keys.web_session(session_id))
+        if data.get("user"):
+            pipe.zrem(keys.user_sessions(data["user"]), session_id)
+        if data.get("token_id"):
+            pipe.srem(keys.token_sessions(data["token_id"]), session_id)
+        guard(pipe.execute)
+        return bool(data)
+
+    def sessions(self, user: str) -> list[dict[str, Any]]:
+        """The user's live browser sessions, newest first: id (the cookie's sha256, not the
+        cookie), token id, created and expires (epoch s)."""
+        now = time.time()
+        ids = guard(self.conn.zrevrangebyscore, keys.user_sessions(user), "+inf", now)
+        pipe = self.conn.pipeline()
+        for sha in ids:
+            pipe.hgetall(keys.web_session(sha))
+        out = []
+        for sha, data in zip(ids, guard(pipe.execute) if ids else [], strict=True):
+            if not data:
+                continue
+            out.append({"session_id": sha, "user": user, "token_id": data.get("token_id", ""),
+                        "created": float(data.get("created", 0)),
+                        "expires": float(data.get("expires", 0))})  # fmt: skip
+        out.sort(key=lambda s: -s["created"])
+        return out
+
+    # --- membership ---------------------------------------------------------------------------
+
+    def members(self, project: str) -> dict[str, str]:
+        out: dict[str, str] = guard(self.conn.hgetall, keys.project_members(project))
+        return out
+
+    def remove_member(self, user: str, project: str) -> None:
+        """``user`` leaves ``project``: their tokens and sessions no longer reach it."""
+        if guard(self.conn.hget, keys.project_members(project), user) is None:
+            raise NotFound(f"{user!r} is not a member of project {project!r}", user=user,
+                           project=project)  # fmt: skip
+        pipe = self.conn.pipeline()
+        pipe.hdel(keys.project_members(project), user)
+        pipe.hdel(keys.user_projects(user), project)
+        guard(pipe.execute)
 
     # --- first start ------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from farm.storage import farm_storage
 from web.accounts import Accounts
 from web.appkeys import (
     ACCOUNTS,
+    CHECKS,
     CONN,
     EXECUTOR,
     HTTP,
@@ -27,6 +28,7 @@ from web.appkeys import (
     WAITERS,
 )
 from web.auth import auth_middleware
+from web.headers import on_prepare
 from web.jsonio import error_middleware
 from web.routes import add_routes, table
 
@@ -49,6 +51,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[STORAGE] = farm_storage(settings)
     app[EXECUTOR] = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="web")
     app[WAITERS] = ThreadPoolExecutor(WAITER_THREADS, thread_name_prefix="web-wait")
+    app[CHECKS] = ThreadPoolExecutor(settings.upload_checks, thread_name_prefix="web-check")
     app[HTTP] = aiohttp.ClientSession()
     # the web is the one scrape target for farm-wide state (queues, devices, leases, usage)
     collector = farm_metrics.register_farm_collector(settings)
@@ -61,6 +64,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         collector.rq_conn.close()
         await app[HTTP].close()
         app[WAITERS].shutdown(wait=True, cancel_futures=True)
+        app[CHECKS].shutdown(wait=True, cancel_futures=True)
         app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
         app[STORAGE].close()
         rq_conn.close()
@@ -70,7 +74,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 def create_app(settings: Settings) -> web.Application:
     """The web UI and API for the farm that ``settings`` describe (Redis, storage, limits)."""
     # uploads stream their bodies themselves; other bodies are read with their own limits
-    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=1 << 20)
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware],
+        client_max_size=1 << 20,
+    )
+    app.on_response_prepare.append(on_prepare)
     app[SETTINGS] = settings
     app[ROUTES] = add_routes(app, table())
     app.cleanup_ctx.append(_resources)

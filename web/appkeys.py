@@ -34,6 +34,9 @@ ACCOUNTS = web.AppKey("accounts", Accounts)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 #: threads for calls that block for long: XREAD BLOCK of event streams, inspections
 WAITERS = web.AppKey("waiters", ThreadPoolExecutor)
+#: threads for decompression and zip checks of uploads (FARM_UPLOAD_CHECKS of them): a flood
+#: of checks waits for these, never for the threads other requests are answered on
+CHECKS = web.AppKey("checks", ThreadPoolExecutor)
 #: client for the stream services this web proxies to
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 #: (method, canonical path) -> the route table entry, for auth and OpenAPI
@@ -53,6 +56,12 @@ async def waiting(app: web.Application, fn: Callable[..., T], *args: Any, **kw: 
     """Run a call that may block for seconds (XREAD BLOCK, an inspection) on its own threads."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(app[WAITERS], functools.partial(fn, *args, **kw))
+
+
+async def checking(app: web.Application, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """Run an upload's check (hashing, unpacking, decompressing) on the checks' threads."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(app[CHECKS], functools.partial(fn, *args, **kw))
 
 
 def user_of(request: web.Request) -> User:

@@ -4,19 +4,76 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from farm.errors import BadParameter, Forbidden, NotFound, Unauthorized
 from web import jsonio
-from web.accounts import ROLE_RANK, User, check_name, check_role
+from web.accounts import ROLE_RANK, User, check_name, check_role, digest
 from web.appkeys import ACCOUNTS, ROUTES, SETTINGS, USER, blocking, user_of
+
+if TYPE_CHECKING:
+    from web.routes import Route
 
 log = logging.getLogger("tessera.web.auth")
 
 COOKIE = "tessera_session"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: methods that change nothing: no origin or content-type rule applies to them
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: content types a plain HTML form can send from any site without asking (no CORS preflight)
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/plain")
+
+
+def own_origins(request: web.Request) -> set[str]:
+    """The origins the pages are served at: the request's own, and FARM_WEB_ORIGINS."""
+    extra = request.app[SETTINGS].web_origins.split(",")
+    return {f"{request.scheme}://{request.host}".lower()} | {
+        o.strip().rstrip("/").lower() for o in extra if o.strip()
+    }
+
+
+def check_origin(request: web.Request, *, strict: bool) -> None:
+    """Refuse a write sent from another origin (cross-site or same-site: another subdomain or
+    port is another origin). ``strict`` (a cookie session) also asks for positive evidence:
+    an ``Origin`` of our own or ``Sec-Fetch-Site: same-origin``, which every browser sends."""
+    origin = request.headers.get("Origin")
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if origin is not None and origin.lower() not in own_origins(request):
+        raise Forbidden(
+            f"a write from the origin {origin!r} is refused: the API takes writes with a "
+            "session cookie only from its own pages (or send an API token as "
+            "`Authorization: Bearer <token>`)",
+            origin=origin,
+        )
+    if fetch_site is not None and fetch_site not in ("same-origin", "none"):
+        raise Forbidden(
+            f"a write from a {fetch_site} page is refused (Sec-Fetch-Site); use the farm's own "
+            "pages, or an API token",
+        )
+    if strict and origin is None and fetch_site != "same-origin":
+        raise Forbidden(
+            "a write with a session cookie must come from the farm's pages (an Origin or "
+            "Sec-Fetch-Site: same-origin header); scripts send an API token as "
+            "`Authorization: Bearer <token>`"
+        )
+
+
+def check_content_type(request: web.Request, route: Route | None) -> None:
+    """A body sent with a cookie is JSON, or the upload type the route declares: never a type a
+    cross-site HTML form could send unasked (form types, text/plain)."""
+    if not request.body_exists:
+        return
+    ctype = request.content_type
+    declared = route.body_type if route is not None else None
+    json_route = route is not None and route.body is not None
+    if (ctype in FORM_TYPES and ctype != declared) or (json_route and ctype != "application/json"):
+        raise Forbidden(
+            f"a request body of type {ctype!r} is refused here; send "
+            + (declared or "application/json"),
+            content_type=ctype,
+        )
 
 
 def _credentials(request: web.Request) -> tuple[str, str] | None:
@@ -46,9 +103,19 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     route = None
     if resource is not None:
         route = request.app[ROUTES].get((request.method, resource.canonical))
+    writes = request.method not in SAFE_METHODS
+    if route is not None and route.path == "/api/login" and writes:
+        # no one is logged in yet, but a forged login (into the attacker's account) is still
+        # a cross-site write: the same origin rule, and a JSON body
+        check_origin(request, strict=False)
+        if not request.content_type == "application/json":
+            raise Forbidden('log in with a JSON body: {"token": "..."} as application/json')
     if route is None or route.public:
         return await handler(request)
     creds = _credentials(request)
+    if creds is not None and creds[0] == "session" and writes:
+        check_origin(request, strict=True)
+        check_content_type(request, route)
     if creds is None:
         raise Unauthorized(
             "log in first, or send an API token as `Authorization: Bearer <token>` "
@@ -104,8 +171,9 @@ async def login(request: web.Request) -> web.Response:
     if user is None:
         raise Unauthorized("that token is not valid (revoked, or mistyped)")
     settings = request.app[SETTINGS]
+    token_id = await blocking(request.app, accounts.token_id_for, body["token"])
     session = await blocking(
-        request.app, accounts.create_session, user.name, settings.session_ttl_s
+        request.app, accounts.create_session, user.name, settings.session_ttl_s, token_id or ""
     )
     resp = web.json_response(await _me(request, user), status=200)
     resp.set_cookie(
@@ -191,3 +259,33 @@ async def set_policy(request: web.Request) -> web.Response:
     return web.json_response(
         {"project": project, "policy": {r: list(d) for r, d in policy.items()}}
     )
+
+
+# --- browser sessions -------------------------------------------------------------------------
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    """The user's browser sessions; a farm admin may ask for anyone's (``?user=``)."""
+    me_ = user_of(request)
+    who = request.query.get("user") or me_.name
+    if who != me_.name and not me_.admin:
+        raise Forbidden("only a farm admin may list another user's sessions")
+    sessions = await blocking(request.app, request.app[ACCOUNTS].sessions, who)
+    current = request.cookies.get(COOKIE)
+    mine = digest(current) if current else None
+    for s in sessions:
+        s["current"] = s["session_id"] == mine
+    return web.json_response({"user": who, "sessions": sessions})
+
+
+async def end_session(request: web.Request) -> web.Response:
+    """End one browser session: one's own, or anyone's for a farm admin (404 otherwise)."""
+    session_id = request.match_info["session_id"]
+    accounts = request.app[ACCOUNTS]
+    owner = await blocking(request.app, accounts.session_owner, session_id)
+    me_ = user_of(request)
+    if owner is None or (owner != me_.name and not me_.admin):
+        raise NotFound(f"no session {session_id!r} of yours", session_id=session_id)
+    await blocking(request.app, accounts.end_session_by_id, session_id)
+    log.info("event=session_ended user=%s by=%s", owner, me_.name)
+    return web.Response(status=204)

@@ -22,6 +22,7 @@ from farm.states import JOB_FINAL, JobState
 from web import intake, jsonio
 from web.appkeys import CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
 from web.auth import check_device, role_in
+from web.limits import JOB_TILES, limits_of
 from web.uploads import inspection
 
 log = logging.getLogger("tessera.web.jobs")
@@ -140,7 +141,9 @@ async def submit_job(request: web.Request) -> web.Response:
     await check_device(request, project, role, req.device)
     rec = await blocking(app, intake.find, app[CONN], [project], upload_id)
     report = await inspection(request, rec, req.device)
-    spec, warnings = submission.plan_job(req, report, intake.source_of(rec))
+    limits = limits_of(request)
+    max_tasks = await blocking(app, limits.allowed, project, JOB_TILES)
+    spec, warnings = submission.plan_job(req, report, intake.source_of(rec), max_tasks)
     spec = dataclasses.replace(spec, priority=priority)
     store = app[STORE]
     render_queue = RenderQueue(app[RQ_CONN], req.device)
@@ -152,11 +155,17 @@ async def submit_job(request: web.Request) -> web.Response:
         guard(app[CONN].zadd, keys.project_jobs(project), {job_id: spec_created(store, job_id)})
         return job_id
 
-    job_id = await blocking(app, create)
+    # a flood of jobs meets the project's budget of queued tiles (429), not the farm's memory
+    job_id = await blocking(app, limits.within_tile_budget, project, spec_tasks(spec), create)
     log.info("event=job_submitted job=%s project=%s user=%s upload=%s device=%s", job_id,
              project, user_of(request).name, upload_id, req.device)  # fmt: skip
     status = await blocking(app, store.status, job_id)
     return web.json_response({**job_json(status), "warnings": warnings}, status=201)
+
+
+def spec_tasks(spec: JobSpec) -> int:
+    """Tiles (or sample-split parts) the job queues."""
+    return len(spec.frames) * spec.tasks_per_frame
 
 
 def spec_created(store: JobStore, job_id: str) -> float:

@@ -17,6 +17,7 @@ from farm.errors import (
     InputError,
     NoCapacity,
     NotFound,
+    OverLimit,
     QueueError,
     StorageError,
     TooLarge,
@@ -27,6 +28,8 @@ log = logging.getLogger("tessera.web")
 
 #: largest JSON body a route reads (uploads stream their bodies, they never come here)
 MAX_JSON_BYTES = 1 << 20
+#: seconds a client told 429 (a project at one of its limits) waits before trying again
+RETRY_AFTER_S = 5
 
 #: HTTP status of each kind of farm error, most specific first
 STATUS: list[tuple[type[FarmError], int]] = [
@@ -35,6 +38,7 @@ STATUS: list[tuple[type[FarmError], int]] = [
     (NotFound, 404),
     (Conflict, 409),
     (TooLarge, 413),
+    (OverLimit, 429),
     (InputError, 400),
     (NoCapacity, 503),
     (QueueError, 503),
@@ -69,6 +73,8 @@ def error_response(exc: FarmError) -> web.Response:
     resp = web.json_response(error_body(exc.code, exc.message, **exc.fields), status=status)
     if status == 401:
         resp.headers["WWW-Authenticate"] = 'Bearer realm="tessera"'
+    if status == 429:
+        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
     return resp
 
 

@@ -8,7 +8,20 @@ from typing import Any
 
 from aiohttp import web
 
-from web import auth, downloads, events, jobs, metrics, openapi, pages, streams, tilelogs, uploads
+from web import (
+    auth,
+    downloads,
+    events,
+    health,
+    jobs,
+    metrics,
+    openapi,
+    pages,
+    projects,
+    streams,
+    tilelogs,
+    uploads,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -60,8 +73,11 @@ def table() -> list[Route]:
         R("GET", "/player", pages.player, "stream player page", public=True, tags=("pages",)),
         R("GET", "/player.{ext}", pages.player_asset, "stream player script and style",
           public=True, tags=("pages",)),
-        R("GET", "/metrics", metrics.metrics, "Prometheus metrics", public=True,
+        R("GET", "/metrics", metrics.metrics,
+          "Prometheus metrics (FARM_METRICS_TOKEN or a farm admin's token)", public=True,
           tags=("meta",)),
+        R("GET", "/healthz", health.healthz, "liveness and readiness probe (no Redis round trip)",
+          public=True, tags=("meta",)),
         R("GET", "/api/openapi.json", openapi.spec, "this API description", public=True,
           tags=("meta",)),
         # accounts
@@ -74,6 +90,22 @@ def table() -> list[Route]:
           body={"user": S, "project": S, "role": S, "admin": B}, tags=("accounts",)),
         R("DELETE", "/api/tokens/{token_id}", auth.revoke_token, "revoke an API token",
           tags=("accounts",)),
+        R("GET", "/api/sessions", auth.list_sessions,
+          "the user's browser sessions (farm admins: anyone's, ?user=)", query=("user",),
+          tags=("accounts",)),
+        R("DELETE", "/api/sessions/{session_id}", auth.end_session,
+          "end a browser session (one's own; farm admins: anyone's)", tags=("accounts",)),
+        R("GET", "/api/projects/{project}/members", projects.list_members,
+          "the project's members and roles (project admins)", tags=("accounts",)),
+        R("DELETE", "/api/projects/{project}/members/{user}", projects.remove_member,
+          "remove a member from the project (project admins)", tags=("accounts",)),
+        R("GET", "/api/projects/{project}/limits", projects.get_limits,
+          "the project's limits: uploads and inspections in flight, tiles, stored bytes",
+          tags=("accounts",)),
+        R("PUT", "/api/projects/{project}/limits", projects.set_limits,
+          "set a project's own limits (farm admins)",
+          body={"uploads_in_flight": I, "inspections": I, "queued_tiles": I,
+                "tiles_per_job": I, "stored_bytes": I}, tags=("accounts",)),
         R("PUT", "/api/projects/{project}/policy", auth.set_policy,
           "set the device classes a role may use (project admins)",
           body={"role": S, "devices": {"type": "array", "items": S}}, tags=("accounts",)),

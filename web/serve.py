@@ -16,6 +16,7 @@ from aiohttp import web
 from farm.errors import BadParameter, SetupError
 from farm.settings import Settings
 from web.app import create_app
+from web.metrics import scrape_app
 from web.tls import bind_host, server_context
 
 log = logging.getLogger("tessera.web")
@@ -42,7 +43,24 @@ async def run(
     host = bind_host(settings.web_host, ssl_context is not None)
     runner = web.AppRunner(create_app(settings), access_log=logging.getLogger("tessera.access"))
     await runner.setup()
+    scrape: web.AppRunner | None = None
     try:
+        if settings.web_metrics_port:
+            scrape = web.AppRunner(scrape_app(), access_log=None)
+            await scrape.setup()
+            try:
+                await web.TCPSite(scrape, settings.metrics_host, settings.web_metrics_port).start()
+            except OSError as exc:
+                raise SetupError(
+                    f"cannot serve /metrics on {settings.metrics_host}:"
+                    f"{settings.web_metrics_port}: {exc.strerror or exc}; choose another "
+                    "FARM_WEB_METRICS_PORT / FARM_METRICS_HOST"
+                ) from None
+            print(
+                f"farm web: /metrics on http://{settings.metrics_host}:"
+                f"{scrape.addresses[0][1]}/metrics (scrape-only, no token)",
+                file=out,
+            )
         site = web.TCPSite(runner, host, settings.web_port, ssl_context=ssl_context)
         try:
             await site.start()
@@ -74,6 +92,8 @@ async def run(
         else:
             await _signalled()
     finally:
+        if scrape is not None:
+            await scrape.cleanup()
         await runner.cleanup()
 
 

@@ -13,20 +13,26 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from farm import keys, queue, submission
-from farm.errors import BadParameter, Conflict, FarmError, NotFound
+from farm.errors import BadParameter, Conflict, FarmError, NotFound, NoWorker
 from farm.models import InspectionReport
 from farm.redisclient import guard
 from farm.settings import DEVICE_KINDS
 from farm.storage import sha256_file
 from web import intake, jsonio
-from web.appkeys import CONN, RQ_CONN, SETTINGS, STORAGE, blocking, user_of, waiting
+from web.appkeys import CONN, RQ_CONN, SETTINGS, STORAGE, blocking, checking, user_of, waiting
 from web.auth import role_in
 from web.incoming import READ_BYTES, Incoming, too_large
+from web.limits import INSPECTIONS, UPLOADS, in_flight, limits_of
 
 log = logging.getLogger("tessera.web.uploads")
 
 #: how long an inspection report stays cached (it depends only on the upload's bytes)
 INSPECTION_TTL_S = 7 * 24 * 3600
+#: the longest one upload request may hold one of its project's upload slots (a web process
+#: that dies holding one frees it then)
+UPLOAD_HOLD_S = 6 * 3600.0
+#: an inspection holds its project's slot this much longer than it may wait for its worker
+INSPECTION_HOLD_EXTRA_S = 30.0
 
 
 def _project_param(request: web.Request) -> str:
@@ -39,6 +45,12 @@ def _project_param(request: web.Request) -> str:
 def _check_length(request: web.Request, limit: int) -> None:
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
+
+
+async def _check_room(request: web.Request, project: str, size: int | None) -> None:
+    """429 before a byte is read when the project's stored bytes cannot take ``size`` more."""
+    if size:
+        await blocking(request.app, limits_of(request).check_stored_bytes, project, size)
 
 
 async def _receive(
@@ -59,6 +71,13 @@ async def _raw(request: web.Request, project: str, raw_name: str) -> web.Respons
     settings = request.app[SETTINGS]
     role_in(request, project, "member")
     _check_length(request, settings.upload_max_bytes)
+    await _check_room(request, project, request.content_length)
+    async with in_flight(request, project, UPLOADS, UPLOAD_HOLD_S):
+        return await _raw_body(request, project, raw_name)
+
+
+async def _raw_body(request: web.Request, project: str, raw_name: str) -> web.Response:
+    settings = request.app[SETTINGS]
     name = intake.safe_file_name(raw_name)
     scratch = await blocking(request.app, intake.scratch_dir, settings.work_dir)
     incoming = Incoming(request.app, scratch / name, settings.upload_max_bytes)
@@ -104,21 +123,28 @@ async def post_upload(request: web.Request) -> web.Response:
                     'form field placed before "file"'
                 )
             role_in(request, project, "member")
-            name = intake.safe_file_name(part.filename or "upload.blend")
-            scratch = await blocking(request.app, intake.scratch_dir, settings.work_dir)
-            incoming = Incoming(request.app, scratch / name, settings.upload_max_bytes)
-            try:
-                await incoming.open()
-                while chunk := await part.read_chunk(READ_BYTES):
-                    await incoming.feed(chunk)
-            except BaseException:
-                await incoming.discard()
-                await blocking(request.app, shutil.rmtree, scratch, ignore_errors=True)
-                raise
-            return await _receive(request, project, name, incoming)
+            await _check_room(request, project, request.content_length)
+            async with in_flight(request, project, UPLOADS, UPLOAD_HOLD_S):
+                return await _multipart_file(request, project, part)
         else:
             await part.release()
     raise BadParameter('the form has no "file" field')
+
+
+async def _multipart_file(request: web.Request, project: str, part: BodyPartReader) -> web.Response:
+    settings = request.app[SETTINGS]
+    name = intake.safe_file_name(part.filename or "upload.blend")
+    scratch = await blocking(request.app, intake.scratch_dir, settings.work_dir)
+    incoming = Incoming(request.app, scratch / name, settings.upload_max_bytes)
+    try:
+        await incoming.open()
+        while chunk := await part.read_chunk(READ_BYTES):
+            await incoming.feed(chunk)
+    except BaseException:
+        await incoming.discard()
+        await blocking(request.app, shutil.rmtree, scratch, ignore_errors=True)
+        raise
+    return await _receive(request, project, name, incoming)
 
 
 # --- resumable sessions ---------------------------------------------------------------------
@@ -159,7 +185,13 @@ async def create_session(request: web.Request) -> web.Response:
         raise BadParameter("size must be the upload's length in bytes, at least 1")
     if size > settings.upload_max_bytes:
         raise too_large(settings.upload_max_bytes)
+    await _check_room(request, body["project"], size)
     session_id = secrets.token_hex(16)
+    # an open resumable upload holds one of the project's upload slots until it completes,
+    # is aborted or expires
+    limits = limits_of(request)
+    await blocking(request.app, limits.acquire, body["project"], UPLOADS, session_id,
+                   settings.upload_session_ttl_s)  # fmt: skip
     data: dict[str, str] = {
         "project": body["project"],
         "user": user_of(request).name,
@@ -181,7 +213,11 @@ async def create_session(request: web.Request) -> web.Response:
         pipe.expire(key, int(settings.upload_session_ttl_s))
         guard(pipe.execute)
 
-    await blocking(request.app, create)
+    try:
+        await blocking(request.app, create)
+    except BaseException:
+        await blocking(request.app, limits.release, body["project"], UPLOADS, session_id)
+        raise
     return web.json_response(_session_json(session_id, data), status=201)
 
 
@@ -283,8 +319,11 @@ async def complete_session(request: web.Request) -> web.Response:
     target = scratch / data["name"]
     await blocking(app, part.replace, target)
     await blocking(app, guard, app[CONN].delete, keys.upload_session(session_id))
-    sha = await blocking(app, sha256_file, target)
-    return await _receive_file(request, data["project"], data["name"], target, sha, size)
+    try:
+        sha = await checking(app, sha256_file, target)
+        return await _receive_file(request, data["project"], data["name"], target, sha, size)
+    finally:
+        await blocking(app, limits_of(request).release, data["project"], UPLOADS, session_id)
 
 
 async def _receive_file(
@@ -292,7 +331,9 @@ async def _receive_file(
 ) -> web.Response:
     app = request.app
     try:
-        stored = await blocking(
+        # decompression and zip checks: on their own few threads, so a flood of them waits
+        # there and never holds the threads other requests are answered on
+        stored = await checking(
             app, intake.store, app[CONN], app[STORAGE], path, sha, size, name,
             app[SETTINGS].unpack_max_bytes,
         )  # fmt: skip
@@ -306,9 +347,10 @@ async def _receive_file(
 
 
 async def abort_session(request: web.Request) -> web.Response:
-    session_id, _data = await _session(request)
+    session_id, data = await _session(request)
     await blocking(request.app, guard, request.app[CONN].delete, keys.upload_session(session_id))
     await blocking(request.app, _part_path(request, session_id).unlink, missing_ok=True)
+    await blocking(request.app, limits_of(request).release, data["project"], UPLOADS, session_id)
     return web.Response(status=204)
 
 
@@ -338,8 +380,28 @@ async def get_upload(request: web.Request) -> web.Response:
     return web.json_response(intake.public(rec))
 
 
-async def inspection(request: web.Request, rec: dict[str, Any], device: str) -> InspectionReport:
-    """The upload's inspection report: cached, or asked of a ``device`` worker now."""
+def inspecting_class(rq_conn: Any, wanted: str | None) -> str:
+    """The device class whose workers inspect: ``wanted`` when one of its workers is online,
+    else any class with one (the report is the same on every device); NoWorker when none is."""
+    order = [wanted] if wanted else []
+    order += [d for d in DEVICE_KINDS if d != wanted]
+    for device in order:
+        if queue.live_workers(rq_conn, device):
+            return device
+    raise NoWorker(
+        "no render worker is online to inspect the file (none serves "
+        f"{' or '.join(DEVICE_KINDS)}); nothing was queued: start one with `farm worker`, "
+        "or try again once the farm's workers are up",
+        reason="no_worker",
+    )
+
+
+async def inspection(
+    request: web.Request, rec: dict[str, Any], device: str | None
+) -> InspectionReport:
+    """The upload's inspection report: cached, or asked of a worker now (of ``device`` where
+    one is online). Refused at once when no worker is online, or when the project has its
+    limit of inspections running (429)."""
     app = request.app
     conn = app[CONN]
     key = keys.inspection(rec["upload_id"])
@@ -347,10 +409,14 @@ async def inspection(request: web.Request, rec: dict[str, Any], device: str) -> 
     if cached is not None:
         return InspectionReport.from_dict(json.loads(cached))
     source = intake.source_of(rec)
+    settings = app[SETTINGS]
+    device = await blocking(app, inspecting_class, app[RQ_CONN], device)
     render_queue = queue.RenderQueue(app[RQ_CONN], device)
-    report = await waiting(
-        app, submission.inspect, conn, render_queue, source, app[SETTINGS].inspect_timeout_s
-    )
+    hold_s = settings.inspect_timeout_s + INSPECTION_HOLD_EXTRA_S
+    async with in_flight(request, rec["project"], INSPECTIONS, hold_s):
+        report = await waiting(
+            app, submission.inspect, conn, render_queue, source, settings.inspect_timeout_s
+        )
     await blocking(app, guard, conn.set, key, json.dumps(report.to_dict()), ex=INSPECTION_TTL_S)
     return report
 
@@ -375,8 +441,8 @@ def report_json(report: InspectionReport) -> dict[str, Any]:
 
 async def inspect_upload(request: web.Request) -> web.Response:
     rec = await find_upload(request, request.match_info["upload_id"])
-    device = request.query.get("device", "cpu")
-    if device not in DEVICE_KINDS:
+    device = request.query.get("device") or None
+    if device is not None and device not in DEVICE_KINDS:
         raise BadParameter(f"device {device!r} is not one of {', '.join(DEVICE_KINDS)}")
     report = await inspection(request, rec, device)
     return web.json_response({"upload_id": rec["upload_id"], **report_json(report)})

@@ -154,6 +154,9 @@ def test_to_env_rebuilds_every_setting() -> None:
         stream_memory_mib=100, stream_pids=10, stream_cpu_cores=0.5, stream_secret="s" * 32,
         stream_token_ttl_s=60.0,
         blender_memory_mib=512, blender_pids=64, blender_cpu_cores=1.5,
+        web_origins="https://f.example", metrics_token="m", web_metrics_port=9102,
+        project_max_uploads=2, project_max_inspections=3, project_max_queued_tiles=50,
+        job_max_tiles=40, project_max_stored_bytes=1000, upload_checks=3,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):

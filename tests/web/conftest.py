@@ -31,6 +31,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 @pytest.fixture
 def web_settings(redis_url: str, tmp_path: Path) -> Settings:
+    return make_web_settings(redis_url, tmp_path)
+
+
+def make_web_settings(redis_url: str, tmp_path: Path) -> Settings:
     return Settings().with_(
         redis_url=redis_url,
         storage_dir=tmp_path / "storage",
@@ -54,6 +58,10 @@ class Tokens:
 
 @pytest.fixture
 def tokens(redis_url: str) -> Tokens:
+    return make_tokens(redis_url)
+
+
+def make_tokens(redis_url: str) -> Tokens:
     conn = jobstore.connect(redis_url)
     try:
         accounts = Accounts(conn)
@@ -117,3 +125,26 @@ def spec_created(store: jobstore.JobStore, job_id: str) -> float:
     from web.jobs import spec_created as created
 
     return created(store, job_id)
+
+
+def wait_for_worker(redis_url: str, device: str = "cpu", timeout_s: float = 120.0) -> None:
+    """Until a render worker serves ``device``'s queue (the web refuses inspections before)."""
+    import time
+
+    from farm import queue
+
+    conn = queue.connect(redis_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not queue.live_workers(conn, device):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {device} worker registered within {timeout_s} s")
+            time.sleep(0.05)
+    finally:
+        conn.close()
+
+
+def page_origin(client: TestClient[Any, Any]) -> dict[str, str]:
+    """The Origin header the web's own pages send (a cookie session's writes need it)."""
+    url = client.make_url("/")
+    return {"Origin": f"{url.scheme}://{url.host}:{url.port}"}

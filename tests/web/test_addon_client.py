@@ -24,6 +24,7 @@ from farm.redisserver import RedisServer
 from farm.settings import Settings
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess
+from tests.web.conftest import wait_for_worker
 
 REPO = Path(__file__).resolve().parents[2]
 ADDON = REPO / "addon"
@@ -118,6 +119,7 @@ def farm(
     blend = make_scene(tmp / "shot.blend", width=48, height=32, samples=2, frame_end=3)
     worker = WorkerProcess(redis_server.url, tmp)
     try:
+        wait_for_worker(redis_server.url)
         live = LiveWeb(worker.settings)
         try:
             yield live, member_token(redis_server.url), blend

@@ -17,6 +17,7 @@ from farm.redisserver import RedisServer
 from tests.blendscenes import make_scene
 from tests.encoder.tokens import STREAM_SECRET
 from tests.farmprocs import WorkerProcess
+from tests.web.conftest import wait_for_worker
 from tests.web.test_addon_client import LiveWeb, client, member_token
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -68,6 +69,7 @@ def site(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) ->
     missing = make_scene(tmp / "lost_texture.blend", width=32, height=24, missing_texture=True)
     worker = WorkerProcess(redis_server.url, tmp)
     try:
+        wait_for_worker(redis_server.url)
         live = LiveWeb(worker.settings.with_(stream_secret=STREAM_SECRET))
         try:
             yield Site(live, member_token(redis_server.url, "ana", "shorts"), blend, missing)

@@ -17,7 +17,7 @@ from farm.settings import Settings
 from tests.blendscenes import make_scene
 from tests.conftest import TESTDATA
 from tests.farmprocs import WorkerProcess
-from tests.web.conftest import Tokens, api, bearer
+from tests.web.conftest import Tokens, api, bearer, wait_for_worker
 
 #: the whole render (4 tiles of 67x41, 8 samples) takes seconds; this is for a loaded machine
 RENDER_TIMEOUT_S = 120
@@ -35,6 +35,7 @@ def textured_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def worker(web_settings: Settings, tmp_path: Path) -> Iterator[WorkerProcess]:
     proc = WorkerProcess(web_settings.redis_url, tmp_path, name="web-e2e")
     try:
+        wait_for_worker(web_settings.redis_url)
         yield proc
     finally:
         proc.stop()

@@ -13,6 +13,7 @@ import pytest
 
 from farm import cli
 from farm.settings import Settings
+from tests.web.conftest import Tokens
 from web.serve import run
 
 
@@ -134,11 +135,18 @@ def test_farm_up_serves_with_its_admin_token_and_stops_on_ctrl_c(tmp_path: Path)
                 stream.close()
 
 
-async def test_metrics_are_public_prometheus_text(web_settings: Settings) -> None:
-    from tests.web.conftest import api
+async def test_metrics_are_prometheus_text_for_the_metrics_token_or_an_admin(
+    web_settings: Settings, tokens: Tokens
+) -> None:
+    from tests.web.conftest import api, bearer
 
-    async with api(web_settings) as client:
-        resp = await client.get("/metrics")
+    settings = web_settings.with_(metrics_token="scrape-secret")
+    async with api(settings) as client:
+        assert (await client.get("/metrics")).status == 401
+        assert (await client.get("/metrics", headers=bearer("wrong"))).status == 401
+        assert (await client.get("/metrics", headers=bearer(tokens.alice))).status == 403
+        assert (await client.get("/metrics", headers=bearer(tokens.admin))).status == 200
+        resp = await client.get("/metrics", headers=bearer("scrape-secret"))
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
         text = await resp.text()

@@ -43,6 +43,7 @@ export function el(tag, attrs = {}, ...children) {
     if (v === undefined || v === null || v === false) continue;
     if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
     else if (k === "class") node.className = v;
+    else if (k === "style") node.style.cssText = String(v); // CSSOM: allowed by the CSP, unlike a style attribute
     else if (k === "dataset") Object.assign(node.dataset, v);
     else if (k in node && typeof v !== "string") node[k] = v;
     else node.setAttribute(k, v === true ? "" : String(v));

@@ -5,8 +5,18 @@ $("#brand").replaceWith(logo());
 
 function nextPath() {
   const next = new URLSearchParams(location.search).get("next") || "/";
-  // only same-site paths: never send the user to another origin after signing in
-  return next.startsWith("/") && !next.startsWith("//") ? next : "/";
+  // only a path on this site: "/\\host", "/%09/host" and the like resolve to another
+  // origin, so resolve it as the browser would and keep it only if it stays here
+  if (!next.startsWith("/")) return "/";
+  let url;
+  try {
+    url = new URL(next, location.origin);
+  } catch {
+    return "/";
+  }
+  // a path that still starts with "//" ("/.//host") would leave the site when assigned
+  if (url.origin !== location.origin || url.pathname.startsWith("//")) return "/";
+  return url.pathname + url.search + url.hash;
 }
 
 $("#login-form").addEventListener("submit", async (ev) => {
