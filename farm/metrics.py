@@ -333,14 +333,19 @@ _farm_collector: FarmCollector | None = None
 
 
 def register_farm_collector(settings: Settings) -> FarmCollector:
-    """Export the farm-wide metrics from this process (the web); again: replaces the first."""
+    """Export the farm-wide metrics from this process (the web); again: replaces the first.
+    With FARM_WEB_FARM_METRICS=off the collector is made but not exported: another process
+    (one of several web replicas) is the farm's one exporter."""
     global _farm_collector
     with _farm_lock:
         if _farm_collector is not None:
             REGISTRY.unregister(_farm_collector)
-        _farm_collector = FarmCollector(settings)
-        REGISTRY.register(_farm_collector)
-        return _farm_collector
+            _farm_collector = None
+        collector = FarmCollector(settings)
+        if settings.web_farm_metrics == "on":
+            REGISTRY.register(collector)
+            _farm_collector = collector
+        return collector
 
 
 def unregister_farm_collector() -> None:

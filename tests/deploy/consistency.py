@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 
 #: variables a farm process reads that are not FARM_* settings (boto3's credentials chain)
-OUTSIDE_SETTINGS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POD_IP"}
+#: (REDIS_PASSWORD: the Kubernetes pods build FARM_REDIS_URL from it)
+OUTSIDE_SETTINGS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POD_IP", "REDIS_PASSWORD"}
 
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
