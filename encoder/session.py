@@ -8,16 +8,20 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from typing import Any
 
 from encoder.catalog import App
 from encoder.control import InputControl
+from encoder.messages import RateLimit, Rejected, parse
 from encoder.peers import Viewer
 from encoder.pipeline import EncodedFrame, Pipeline
 from encoder.source import Source, make_source
 from encoder.videoencoder import EncoderConfig, VideoEncoder, open_encoder, start_bitrate
+from encoder.wsviewer import WsViewer
+from farm import metrics
 from farm.devices import Device
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
 from farm.settings import Settings
@@ -75,7 +79,10 @@ class StreamSession:
         self.created_monotonic = time.monotonic()
         self.state = SessionState.STARTING
         self.reason = ""
-        self.viewers: dict[str, Viewer] = {}
+        self.viewers: dict[str, Viewer | WsViewer] = {}
+        #: messages dropped from viewers, by reason (encoder/messages.py)
+        self.dropped: Counter[str] = Counter()
+        self._rates: dict[str, RateLimit] = {}
         self.source: Source = make_source(app, settings, f"stream-{self.id}")
         self.pipeline: Pipeline | None = None
         self.control = InputControl(
@@ -249,16 +256,53 @@ class StreamSession:
         if self.state is not SessionState.RUNNING:
             await viewer.close()
             raise NotFound(f"session {self.id} ended while the viewer joined", session=self.id)
-        viewer.role = self.control.joined(viewer_id, role)
-        self.viewers[viewer_id] = viewer
+        self._joined(viewer, role)
+        # a peer that never connects (no ICE, a wrong fingerprint) must not hold the session
+        self._loop.call_later(self.settings.stream_connect_timeout_s, self._check_connected, viewer)
+        return viewer, answer
+
+    def add_ws_viewer(self, ws: Any, role: str, name: str = "") -> WsViewer:
+        """A viewer on an open WebSocket (the fallback transport); ``run()`` it to serve it."""
+        if role not in ROLES:
+            raise BadParameter(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        if self.state is not SessionState.RUNNING:
+            raise NotFound(f"session {self.id} is {self.state}", session=self.id)
+        viewer = WsViewer(
+            uuid.uuid4().hex[:12],
+            role,
+            name,
+            ws,
+            on_keyframe_request=self.request_keyframe,
+            on_message=self._message,
+            on_closed=self._viewer_closed,
+            fps=self.app.fps,
+        )
+        self._joined(viewer, role)
+        return viewer
+
+    def _joined(self, viewer: Viewer | WsViewer, role: str) -> None:
+        viewer.role = self.control.joined(viewer.id, role)
+        self.viewers[viewer.id] = viewer
+        self._rates[viewer.id] = RateLimit(self.settings.stream_input_rate)
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        log.info("event=viewer_joined session=%s viewer=%s role=%s controlling=%s", self.id,
-                 viewer_id, viewer.role, self.controller == viewer_id)  # fmt: skip
-        return viewer, answer
+        log.info("event=viewer_joined session=%s viewer=%s role=%s controlling=%s transport=%s",
+                 self.id, viewer.id, viewer.role, self.controller == viewer.id,
+                 getattr(viewer, "transport", "webrtc"))  # fmt: skip
 
-    def viewer(self, viewer_id: str) -> Viewer:
+    def _check_connected(self, viewer: Viewer) -> None:
+        if self.viewers.get(viewer.id) is not viewer:
+            return
+        if viewer.pc.connectionState == "connected" or viewer.track.sent > 0:
+            return
+        log.info("event=viewer_never_connected session=%s viewer=%s state=%s after_s=%g",
+                 self.id, viewer.id, viewer.pc.connectionState,
+                 self.settings.stream_connect_timeout_s)  # fmt: skip
+        self._forget(viewer)
+        self._spawn(viewer.close())
+
+    def viewer(self, viewer_id: str) -> Viewer | WsViewer:
         viewer = self.viewers.get(viewer_id)
         if viewer is None:
             raise NotFound(f"no viewer {viewer_id} in session {self.id}", viewer=viewer_id)
@@ -269,13 +313,14 @@ class StreamSession:
         await viewer.close()
         self._forget(viewer)
 
-    def _viewer_closed(self, viewer: Viewer) -> None:
+    def _viewer_closed(self, viewer: Viewer | WsViewer) -> None:
         if self.viewers.get(viewer.id) is viewer:
             self._forget(viewer)
             self._spawn(viewer.close())
 
-    def _forget(self, viewer: Viewer) -> None:
+    def _forget(self, viewer: Viewer | WsViewer) -> None:
         self.viewers.pop(viewer.id, None)
+        self._rates.pop(viewer.id, None)
         self.control.left(viewer.id)
         log.info("event=viewer_left session=%s viewer=%s viewers=%d", self.id, viewer.id,
                  len(self.viewers))  # fmt: skip
@@ -298,7 +343,22 @@ class StreamSession:
         for v in self.viewers.values():
             v.send({"t": "control", "controlling": v.id == viewer_id})
 
-    def _message(self, viewer: Viewer, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _message(self, viewer: Viewer | WsViewer, raw: object) -> dict[str, Any] | None:
+        """One message from a viewer: limited, parsed and handled; a bad one is dropped and
+        counted (the viewer stays connected)."""
+        rate = self._rates.get(viewer.id)
+        try:
+            message = parse(raw, self.settings.stream_message_max_bytes)
+            # input is limited; a ping (the round trip the player shows) is not
+            if message["t"] != "ping" and rate is not None and not rate.take():
+                raise Rejected("rate_limited")
+        except Rejected as exc:
+            self.dropped[exc.reason] += 1
+            metrics.STREAM_MESSAGES_DROPPED.labels(exc.reason).inc()
+            if self.dropped[exc.reason] in (1, 100, 10_000):  # a flood logs a few lines only
+                log.info("event=message_dropped session=%s viewer=%s reason=%s count=%d",
+                         self.id, viewer.id, exc.reason, self.dropped[exc.reason])  # fmt: skip
+            return None
         return self.control.handle(viewer.id, message)
 
     # --- media -----------------------------------------------------------------------------
@@ -314,7 +374,7 @@ class StreamSession:
         if self.pipeline is not None:
             self.pipeline.request_keyframe()
 
-    def _estimated(self, viewer: Viewer, bps: int) -> None:
+    def _estimated(self, viewer: Viewer | WsViewer, bps: int) -> None:
         self._apply_estimates()
 
     def _apply_estimates(self) -> None:
@@ -372,4 +432,5 @@ class StreamSession:
             "encode_ms": round(p.encode_ms, 3) if p else 0.0,
             "bitrate_kbps": p.encoder.bitrate_bps // 1000 if p else 0,
             "denied_inputs": self.control.denied,
+            "messages_dropped": dict(self.dropped),
         }

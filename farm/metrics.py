@@ -156,6 +156,11 @@ STREAM_FRAMES = Counter(
     registry=REGISTRY,
 )  # fmt: skip
 
+STREAM_MESSAGES_DROPPED = Counter(
+    "tessera_stream_messages_dropped", "Viewer messages dropped (too large, too deeply nested, "
+    "malformed, over the input rate).", ["reason"], registry=REGISTRY,
+)  # fmt: skip
+
 _SESSION_GAUGES = (STREAM_FPS, STREAM_BITRATE, STREAM_ROUND_TRIP)
 
 #: the families ``FarmCollector`` yields, with their types
@@ -187,7 +192,7 @@ def exported_names() -> set[str]:
     own = (TILES_RENDERED, TILES_FAILED, TILE_SECONDS, JOB_SECONDS, GPU_UTILIZATION,
            GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_ENERGY, GPU_ENCODER_SESSIONS,
            STREAM_SESSIONS, STREAM_VIEWERS, STREAM_FPS, STREAM_BITRATE, STREAM_ROUND_TRIP,
-           STREAM_ROUND_TRIPS, STREAM_FRAMES)  # fmt: skip
+           STREAM_ROUND_TRIPS, STREAM_FRAMES, STREAM_MESSAGES_DROPPED)  # fmt: skip
     for metric in own:
         families += [(m.name, m.type) for m in metric.describe()]
     families += [(m.name, m.type) for m in _PROCESS.collect()]

@@ -246,6 +246,24 @@ class Settings:
     stream_token_ttl_s: float = 300.0
     """FARM_STREAM_TOKEN_TTL_S: lifetime of a stream token the web signs (one per request)."""
 
+    # --- H9: stream limits and survival (issue #18 items 5-7) -------------------------------
+
+    stream_connect_timeout_s: float = 20.0
+    """FARM_STREAM_CONNECT_TIMEOUT_S: a viewer whose connection has not come up this long after
+    it joined is removed (its session then ends after FARM_STREAM_GRACE_S without viewers)."""
+
+    stream_input_rate: float = 250.0
+    """FARM_STREAM_INPUT_RATE: input messages per second one viewer may send (a burst of as
+    many is allowed); more are dropped and counted."""
+
+    stream_message_max_bytes: int = 4096
+    """FARM_STREAM_MESSAGE_MAX_BYTES: the largest data-channel message taken; larger ones are
+    dropped and counted."""
+
+    stream_capture_retries: int = 2
+    """FARM_STREAM_CAPTURE_RETRIES: times a session's capture that failed is started again
+    (restarting its display when that died) before the session ends."""
+
     # --- H2: the Blender child's sandbox (issue #11 item 3) --------------------------------
 
     blender_memory_mib: int = 0
@@ -478,6 +496,11 @@ ENV: dict[str, tuple[str, type, float]] = {
     "stream_cpu_cores": ("FARM_STREAM_CPU_CORES", float, 0.0),
     "stream_secret": ("FARM_STREAM_SECRET", str, 0),
     "stream_token_ttl_s": ("FARM_STREAM_TOKEN_TTL_S", float, 5.0),
+    # H9: stream limits and survival
+    "stream_connect_timeout_s": ("FARM_STREAM_CONNECT_TIMEOUT_S", float, 0.1),
+    "stream_input_rate": ("FARM_STREAM_INPUT_RATE", float, 1.0),
+    "stream_message_max_bytes": ("FARM_STREAM_MESSAGE_MAX_BYTES", int, 256),
+    "stream_capture_retries": ("FARM_STREAM_CAPTURE_RETRIES", int, 0),
     # H2: the Blender child's sandbox
     "blender_memory_mib": ("FARM_BLENDER_MEMORY_MIB", int, 0),
     "blender_pids": ("FARM_BLENDER_PIDS", int, 0),

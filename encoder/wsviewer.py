@@ -1,0 +1,134 @@
+"""WebSocket viewers, the fallback where WebRTC cannot connect (UDP blocked, no TURN): the
+session's own encoded H.264 access units as binary messages (no second encode), the same JSON
+input messages as the data channel, latest frame wins for a slow viewer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from encoder.peers import MAX_PENDING_FRAMES, PacketTrack
+from encoder.videoencoder import Packet
+
+log = logging.getLogger("tessera.stream")
+
+#: a video message: this header, then one H.264 access unit (Annex B, SPS/PPS in keyframes).
+#: version (1), flags (bit 0: keyframe), capture time (microseconds since the epoch)
+HEADER = struct.Struct("!BBQ")
+VERSION = 1
+KEYFRAME = 0x01
+#: ``pts`` of a captured frame is its capture time on RTP's 90 kHz clock (encoder/capture.py)
+PTS_PER_US = 9 / 100
+
+
+def video_message(packet: Packet, keyframe: bool) -> bytes:
+    capture_us = int((packet.pts or 0) / PTS_PER_US)
+    return HEADER.pack(VERSION, KEYFRAME if keyframe else 0, capture_us) + bytes(packet)
+
+
+class WsViewer:
+    """One viewer on a WebSocket: the video sender and the input channel in one connection.
+
+    Its ``track`` is the WebRTC viewers' packet queue: it starts on a keyframe (asked for at
+    once), and a viewer whose socket cannot keep up drops to the next keyframe instead of
+    queueing.
+    """
+
+    transport = "websocket"
+
+    def __init__(
+        self,
+        viewer_id: str,
+        role: str,
+        name: str,
+        ws: web.WebSocketResponse,
+        on_keyframe_request: Callable[[], None],
+        on_message: Callable[[WsViewer, object], dict[str, Any] | None],
+        on_closed: Callable[[WsViewer], None],
+        fps: int = 30,
+    ) -> None:
+        self.id, self.role, self.name = viewer_id, role, name
+        self.ws = ws
+        self.on_message, self.on_closed = on_message, on_closed
+        self.track = PacketTrack(on_keyframe_request, max(MAX_PENDING_FRAMES, fps // 4))
+        self.estimate_bps: int | None = None
+        self.keyframe_requests = 0
+        self.connected = True
+        self._closed = False
+        self._writes: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Send video and take input until the socket closes."""
+        sender = asyncio.create_task(self._send_video(), name=f"ws-video-{self.id}")
+        try:
+            async for msg in self.ws:
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    reply = self.on_message(self, msg.data)
+                    if reply is not None:
+                        await self.ws.send_str(json.dumps(reply))
+                elif msg.type == WSMsgType.ERROR:
+                    break
+        except (ConnectionError, RuntimeError):  # the socket went away mid-send
+            pass
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            self.track.stop()
+            self._notify_closed()
+
+    async def _send_video(self) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            while not self.ws.closed:
+                packet = await self.track.recv()
+                await self.ws.send_bytes(video_message(packet, bool(packet.is_keyframe)))
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.ws.closed:
+            return
+        task = asyncio.ensure_future(self._send_text(json.dumps(message)))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _send_text(self, text: str) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.send_str(text)
+
+    def _notify_closed(self) -> None:
+        self.connected = False
+        if not self._closed:
+            self._closed = True
+            self.on_closed(self)
+
+    async def close(self) -> None:
+        self._closed = True
+        self.connected = False
+        self.track.stop()
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.close()
+
+    async def round_trip_s(self) -> float | None:
+        """Not measured by the service on this transport (the player shows its ping)."""
+        return None
+
+    def to_json(self, controlling: bool) -> dict[str, Any]:
+        return {
+            "viewer_id": self.id,
+            "role": self.role,
+            "name": self.name,
+            "controlling": controlling,
+            "transport": self.transport,
+            "state": "closed" if self.ws.closed else "connected",
+            "frames_sent": self.track.sent,
+            "frames_dropped": self.track.dropped,
+            "catch_ups": self.track.catch_ups,
+            "keyframe_requests": self.keyframe_requests,
+            "estimate_kbps": 0,
+        }
