@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from farm.settings import Settings, default_data_dir
@@ -45,7 +46,12 @@ def test_farm_up_writes_nothing_where_it_is_started(tmp_path: Path) -> None:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until the web serves
         assert line, f"farm up ended early:\n{proc.communicate(timeout=30)[1]}"
-        assert json.loads(line)["url"].startswith("http://127.0.0.1:")
+        url = json.loads(line)["url"]
+        assert url.startswith("http://127.0.0.1:")
+        # an answer means its loop runs, past installing its Ctrl-C handler (it prints the URL
+        # just before: a SIGINT in between ends it with 130, "interrupted")
+        with urllib.request.urlopen(f"{url}/healthz", timeout=30) as resp:
+            assert resp.status == 200
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=START_TIMEOUT_S)
         assert proc.returncode == 0, err
