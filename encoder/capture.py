@@ -1,9 +1,10 @@
-"""Frames into a session: x11grab of its display or the test pattern, each on its own thread,
-into a one-frame slot where the latest frame wins."""
+"""Frames into a session: x11grab of its display (when the app draws, via XDamage) or the test
+pattern, each on its own thread, into a one-frame slot where the latest frame wins."""
 
 from __future__ import annotations
 
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -12,6 +13,9 @@ from fractions import Fraction
 
 import av
 from av.video.frame import VideoFrame
+from Xlib import display as xdisplay
+from Xlib import error as xerror
+from Xlib.ext import damage
 
 from encoder.testpattern import Scene
 
@@ -105,8 +109,58 @@ class Grabber:
         raise NotImplementedError
 
 
+class DamageWatch:
+    """XDamage on a display's root window: ``wait`` returns as soon as anything was drawn since
+    the previous call (one DamageNotify per non-empty region; the region is then emptied)."""
+
+    def __init__(self, display_name: str) -> None:
+        self.disp = xdisplay.Display(display_name)
+        try:
+            if not self.disp.has_extension(damage.extname):
+                raise xerror.DisplayError(f"{display_name} has no {damage.extname} extension")
+            self.disp.damage_query_version()
+            self.damage = self.disp.screen().root.damage_create(damage.DamageReportNonEmpty)
+            self.disp.sync()
+        except BaseException:
+            self.disp.close()
+            raise
+        self._notify = self.disp.extension_event.DamageNotify
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when something was drawn (now or within ``timeout_s``), False at the time-out."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            drawn = False
+            while self.disp.pending_events():
+                if self.disp.next_event().type == self._notify:
+                    drawn = True
+            if drawn:
+                # empty the region: the next drawing sends the next notify
+                self.disp.damage_subtract(self.damage)
+                self.disp.flush()
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            readable, _, _ = select.select([self.disp.fileno()], [], [], remaining)
+            if not readable:
+                return False
+
+    def close(self) -> None:
+        self.disp.close()
+
+
 class X11Grabber(Grabber):
-    """PyAV's x11grab of a whole display at ``fps`` (FFmpeg paces the reads)."""
+    """PyAV's x11grab of a whole display: grabbed the moment the app draws (XDamage), never
+    faster than twice ``fps``, and at ``fps`` while nothing is drawn (a still screen keeps its
+    frame rate). Without XDamage, x11grab polls at ``fps``."""
+
+    #: after a frame grabbed on damage, the next still-screen refresh waits this many frame
+    #: intervals: an app drawing at the session's rate keeps the grabs in its phase instead of
+    #: racing a refresh that would land just before its drawing (and push it half a frame back)
+    REPHASE = 1.5
+    #: the fastest grabs follow each other on damage, in frame intervals
+    MIN_GAP = 0.5
 
     def __init__(
         self,
@@ -122,24 +176,65 @@ class X11Grabber(Grabber):
         #: run on the capture thread before the display is opened (a sandboxed display's
         #: IPC namespace is joined there, so x11grab's MIT-SHM segments reach its Xvfb)
         self.before = before
+        #: frames grabbed because the app drew (the rest are still-screen refreshes)
+        self.damage_grabs = 0
+        #: "damage" or "poll", once running
+        self.mode = ""
+        self._last_s = 0.0
+        #: the last grab followed a drawing
+        self._rephase = False
 
     def run(self) -> None:
         if self.before is not None:
             self.before()
-        options = {
-            "framerate": str(self.fps),
-            "video_size": f"{self.width}x{self.height}",
-            "draw_mouse": "1",
-        }
-        with av.open(self.display, format="x11grab", options=options) as container:
-            stream = container.streams.video[0]
-            for packet in container.demux(stream):
-                if self.stopping:
-                    return
-                for frame in packet.decode():
-                    assert isinstance(frame, VideoFrame)
-                    self.frames += 1
-                    self.slot.put(frame, time.time_ns() // 1000)
+        try:
+            watch: DamageWatch | None = DamageWatch(self.display)
+        except (xerror.DisplayError, xerror.XError, OSError) as exc:
+            log.warning("event=damage_unavailable display=%s reason=%r capture=poll",
+                        self.display, str(exc))  # fmt: skip
+            watch = None
+        try:
+            self.mode = "damage" if watch is not None else "poll"
+            # on damage x11grab must grab at once: its own clock (framerate) would otherwise
+            # hold each read to the next tick of it; at 1000 it never holds one more than 1 ms
+            rate = 1000 if watch is not None else self.fps
+            options = {
+                "framerate": str(rate),
+                "video_size": f"{self.width}x{self.height}",
+                "draw_mouse": "1",
+                # the frames read while probing the stream are served first: stale ones
+                "probesize": "32",
+            }
+            with av.open(self.display, format="x11grab", options=options) as container:
+                stream = container.streams.video[0]
+                packets = container.demux(stream)
+                while not self.stopping:
+                    if watch is not None:
+                        self._wait_for_frame(watch)
+                        if self.stopping:
+                            return
+                    packet = next(packets)
+                    for frame in packet.decode():
+                        assert isinstance(frame, VideoFrame)
+                        self.frames += 1
+                        self.slot.put(frame, time.time_ns() // 1000)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _wait_for_frame(self, watch: DamageWatch) -> None:
+        """Until the app draws (at least MIN_GAP intervals after the last grab) or the still
+        screen's refresh is due."""
+        interval_s = 1.0 / self.fps
+        due_s = self._last_s + interval_s * (self.REPHASE if self._rephase else 1.0)
+        drawn = watch.wait(max(0.0, due_s - time.monotonic()))
+        if drawn:
+            self.damage_grabs += 1
+            gap_s = self._last_s + interval_s * self.MIN_GAP - time.monotonic()
+            if gap_s > 0:
+                self._stop.wait(gap_s)
+        self._rephase = drawn
+        self._last_s = time.monotonic()
 
 
 class PatternGrabber(Grabber):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RTCP_PSFB_APP, RTCP_PSFB_FIR, RTCP_PSFB_PLI, RtcpPsfbPacket, unpack_remb_fci
 
+from encoder import playoutdelay
 from encoder.videoencoder import Packet
 from farm.errors import BadParameter
 
@@ -56,6 +58,9 @@ class PacketTrack(MediaStreamTrack):
         self.sent = 0
         self.dropped = 0
         self.catch_ups = 0
+        #: capture to hand-over to aiortc of the frames sent, ms (moving average): the
+        #: service's share of the latency, which the player's latency overlay shows
+        self.send_delay_ms: float | None = None
 
     def push(self, packet: Packet, keyframe: bool) -> None:
         if self.readyState != "live":
@@ -90,7 +95,13 @@ class PacketTrack(MediaStreamTrack):
             self._ready.clear()
             await self._ready.wait()
         self.sent += 1
-        return self._pending.popleft()
+        packet = self._pending.popleft()
+        if packet.pts is not None:
+            # pts is the capture time on the 90 kHz clock (encoder/capture.py)
+            delay_ms = time.time_ns() / 1e6 - packet.pts / 90
+            last = self.send_delay_ms
+            self.send_delay_ms = delay_ms if last is None else 0.9 * last + 0.1 * delay_ms
+        return packet
 
     def stop(self) -> None:
         super().stop()
@@ -129,6 +140,8 @@ class Viewer:
 
     async def answer(self, offer_sdp: str) -> str:
         """The complete answer (ICE gathered) to a viewer's complete offer."""
+        # the browser shows each frame at once (when its offer has the extension)
+        playoutdelay.enable()
         transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
         h264 = [
             codec
@@ -159,6 +172,9 @@ class Viewer:
         # the session parses it (encoder/messages.py: limits, drops counted, never a disconnect)
         reply = self.on_message(self, raw)
         if reply is not None:
+            if reply.get("t") == "pong" and self.track.send_delay_ms is not None:
+                # the player adds it to the network's and its own share (latency overlay)
+                reply["service_ms"] = round(self.track.send_delay_ms, 2)
             self.send(reply)
 
     def send(self, message: dict[str, Any]) -> None:

@@ -29,6 +29,9 @@
       fps: 0, bitrate_kbps: 0, rtt_ms: null, ping_ms: null, decode_ms: null,
       jitter_buffer_ms: null, frames_decoded: 0, frames_dropped: 0, packets_lost: 0,
       bytes_received: 0, codec: null,
+      // latency overlay: the service's share (capture to send), the browser's (packet in to
+      // frame on screen), and their sum with half the round trip
+      service_ms: null, browser_ms: null, latency_ms: null,
     },
     send,
     takeControl,
@@ -297,6 +300,7 @@
     try { msg = JSON.parse(event.data); } catch (e) { return; }
     if (msg.t === "pong") {
       tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
+      if (typeof msg.service_ms === "number") tessera.stats.service_ms = msg.service_ms;
     } else if (msg.t === "denied") {
       if (tessera.controlling) setRole("spectator");
     } else if (msg.t === "control" || msg.t === "role") {
@@ -469,8 +473,49 @@
     render();
   }
 
+  // ------------------------------------------------------------------ latency overlay
+  // What a viewer waits for a change on the remote screen, from its parts: the service's
+  // (capture to send, in each pong), the network's (half the ICE round trip) and the
+  // browser's (last packet of a frame received to the frame's display, from
+  // requestVideoFrameCallback): median over the last BROWSER_FRAMES frames (a second at 30 fps).
+  const BROWSER_FRAMES = 30;
+  const latency = { on: false, browserMs: [] };
+
+  function latencyFrame(now, meta) {
+    if (meta.receiveTime !== undefined && meta.expectedDisplayTime !== undefined) {
+      latency.browserMs.push(meta.expectedDisplayTime - meta.receiveTime);
+      if (latency.browserMs.length > BROWSER_FRAMES) latency.browserMs.shift();
+    }
+    if (latency.on) video.requestVideoFrameCallback(latencyFrame);
+  }
+
+  function showLatency(on) {
+    const was = latency.on;
+    latency.on = on && !!video.requestVideoFrameCallback;
+    $("latency").hidden = !latency.on;
+    $("latency-toggle").setAttribute("aria-pressed", String(latency.on));
+    if (latency.on && !was) { latency.browserMs = []; video.requestVideoFrameCallback(latencyFrame); }
+    render();
+  }
+  tessera.showLatency = showLatency;
+
+  function median(values) {
+    const sorted = [...values].sort((a, b) => a - b);
+    return sorted.length ? sorted[Math.floor(sorted.length / 2)] : null;
+  }
+
+  function renderLatency(st) {
+    st.browser_ms = latency.browserMs.length ? round(median(latency.browserMs), 1) : null;
+    const parts = [st.service_ms, st.rtt_ms === null ? null : st.rtt_ms / 2, st.browser_ms];
+    st.latency_ms = parts.every((v) => typeof v === "number") ? round(parts[0] + parts[1] + parts[2], 1) : null;
+    if (!latency.on) return;
+    $("latency").textContent = st.latency_ms === null ? "latency \u2013"
+      : `latency ${st.latency_ms} ms \u00b7 service ${st.service_ms} \u00b7 network ${round(parts[1], 1)} \u00b7 browser ${st.browser_ms}`;
+  }
+
   function render() {
     const st = tessera.stats;
+    renderLatency(st);
     const w = tessera.frameWidth || video.videoWidth, h = tessera.frameHeight || video.videoHeight;
     $("s-res").textContent = w ? `${w}\u00d7${h}` : "\u2013";
     $("s-fps").textContent = st.fps;
@@ -504,6 +549,8 @@
 
   $("start").addEventListener("submit", startSession);
   $("control").addEventListener("click", takeControl);
+  $("latency-toggle").addEventListener("click", () => showLatency(!latency.on));
+  if (params.get("latency") === "1") showLatency(true);
   $("leave").addEventListener("click", () => leave(false));
   $("end").addEventListener("click", () => leave(true));
   $("lock").addEventListener("click", () => {

@@ -1,0 +1,114 @@
+"""The player's latency overlay in a real headless Chromium: off until the user turns it on, then
+a live figure that agrees with the latency measured off the picture itself; and the browser
+holds no frame back (playout delay zero)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from encoder.service import StreamService, running
+from farm.settings import Settings
+from tests.encoder import tokens
+from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+
+OPERATOR = tokens.operator()
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium"),
+    pytest.mark.usefixtures("no_orphans"),
+]
+
+#: capture -> expected display (ms) of ``count`` frames, from the test pattern's stamp (the
+#: capture time, epoch microseconds, in rows 1 and 2) read off each frame Chromium presents
+MEASURE_JS = """
+(count) => new Promise((resolve) => {
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = 512; canvas.height = 48;
+  const ctx = canvas.getContext("2d", { willReadFrequently: true });
+  const out = [];
+  const word = (px, row) => {
+    let value = 0;
+    for (let i = 31; i >= 0; i--) {
+      const at = ((row * 16 + 8) * 512 + i * 16 + 8) * 4;
+      value = value * 2 + (px[at] + px[at + 1] + px[at + 2] >= 384 ? 1 : 0);
+    }
+    return value;
+  };
+  const onFrame = (now, meta) => {
+    ctx.drawImage(video, 0, 0, 512, 48, 0, 0, 512, 48);
+    const px = ctx.getImageData(0, 0, 512, 48).data;
+    const captureMs = (word(px, 1) + word(px, 2) * 4294967296) / 1000;
+    out.push(performance.timeOrigin + meta.expectedDisplayTime - captureMs);
+    if (out.length >= count) resolve(out); else video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+})
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iterator[StreamService]:
+    settings = Settings().with_(
+        redis_url=redis_server.url,
+        work_dir=tmp_path_factory.mktemp("stream-work"),
+        stream_port=0,
+        cpu_encode_sessions=2,
+        stream_grace_s=2.0,
+        stream_secret=tokens.STREAM_SECRET,
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    with sync_playwright() as pw:
+        browser: Browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 800})
+        yield page
+        page.close(run_before_unload=True)
+        browser.close()
+
+
+def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture(
+    service: StreamService, page: Page
+) -> None:
+    page.goto(
+        f"{service.url}/player?app=testpattern&width=1280&height=720&fps=30&autostart=1"
+        f"&token={OPERATOR}"
+    )
+    page.wait_for_function("window.tessera && tessera.stats.frames_decoded > 0", timeout=TIMEOUT_MS)
+    assert page.locator("#latency").is_hidden()
+
+    page.click("#latency-toggle")
+    assert page.get_attribute("#latency-toggle", "aria-pressed") == "true"
+    # every part in: the service's (from a pong), the network's, the browser's (60 frames)
+    page.wait_for_function("tessera.stats.latency_ms !== null", timeout=TIMEOUT_MS)
+    page.evaluate(MEASURE_JS, 60)
+    shown = page.text_content("#latency") or ""
+    assert re.fullmatch(
+        r"latency [\d.]+ ms · service [\d.]+ · network [\d.]+ · browser -?[\d.]+", shown
+    ), shown
+
+    # against the picture: the same seconds, capture time read off the decoded frames
+    overlay, measured = [], []
+    for _ in range(3):
+        page.wait_for_function("tessera.stats.service_ms !== null", timeout=TIMEOUT_MS)
+        measured.append(statistics.median(page.evaluate(MEASURE_JS, 30)))
+        overlay.append(float(page.evaluate("tessera.stats.latency_ms")))
+    est, real = statistics.median(overlay), statistics.median(measured)
+    assert abs(est - real) <= max(8.0, 0.25 * real), f"overlay {overlay} ms, picture {measured} ms"
+    # the playout-delay extension (min = max = 0): Chromium holds no frame back to smooth
+    # playback (without it, its jitter buffer held each frame 22-29 ms here)
+    held_ms = page.evaluate("tessera.stats.jitter_buffer_ms")
+    assert held_ms is not None and held_ms < 5, f"jitter buffer {held_ms} ms"
+
+    page.click("#latency-toggle")
+    assert page.locator("#latency").is_hidden()
