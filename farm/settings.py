@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Mapping
@@ -420,9 +421,13 @@ class Settings:
         return self
 
     def worker_name(self) -> str:
-        """A worker's default name: host, device and pid (unique on the farm)."""
+        """A worker's default name: host, device, pid and a random part (unique on the farm).
+
+        Host and pid alone repeat when a container restarts (same hostname, same small pid),
+        and rq then refuses the new worker while the killed one's registration lives on
+        (found by `make test-stack`: a worker SIGKILLed mid-job could not come back)."""
         device = self.device if self.gpu_index is None else f"gpu{self.gpu_index}"
-        return f"{socket.gethostname()}-{device}-{os.getpid()}"
+        return f"{socket.gethostname()}-{device}-{os.getpid()}-{secrets.token_hex(3)}"
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes).validated()
