@@ -1,28 +1,31 @@
 """Who drives a session's input, and what the controlling viewer's data-channel messages do
-(XTest into the session's display); everyone else is view-only."""
+(XTest into the session's display, its clipboard both ways); everyone else is view-only."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from encoder.catalog import App, check_geometry
+from encoder.clipboard import Clipboard, NoClipboard
 from encoder.xinput import XInput
 from farm.errors import BadParameter
 
 log = logging.getLogger("tessera.stream")
 
 #: data-channel messages that drive the session (everything but ping needs control)
-INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize"})
+INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize", "clip"})
 
 
 class InputControl:
     """One controlling viewer at most; its pointer, buttons, wheel and keys go to ``target``.
 
     ``video_size`` says the size the video is encoded at (pointer positions arrive in video
-    pixels); ``resize`` asks the encoder for another size.
+    pixels); ``resize`` asks the encoder for another size. ``send`` gives a viewer a message:
+    the controlling viewer gets ``{"t": "clip", "text": ...}`` whenever an app copies text.
     """
 
     def __init__(
@@ -32,16 +35,20 @@ class InputControl:
         target: Callable[[], XInput | None],
         video_size: Callable[[], tuple[int, int]],
         resize: Callable[[int, int], None],
+        send: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.session_id, self.app = session_id, app
         self.target, self.video_size, self.resize = target, video_size, resize
+        self.send = send
         self.controller: str | None = None
         self.denied = 0
+        self.clipboard: Clipboard | None = None
 
     def joined(self, viewer_id: str, role: str) -> str:
         """The role a joining viewer gets: the first player controls, later ones watch."""
         if role == "player" and self.controller is None:
             self.controller = viewer_id
+            self._watch_clipboard()
             return "player"
         return "spectator"
 
@@ -54,6 +61,7 @@ class InputControl:
         if self.controller != viewer_id:
             self.release_all()
             self.controller = viewer_id
+            self._watch_clipboard()
             log.info("event=control_handed session=%s viewer=%s", self.session_id, viewer_id)
 
     def release_all(self) -> None:
@@ -62,6 +70,35 @@ class InputControl:
         if target is not None:
             with contextlib.suppress(Exception):
                 target.release_all()
+
+    def _watch_clipboard(self) -> None:
+        """Start sharing the display's clipboard (once, when a viewer first takes control)."""
+        target = self.target()
+        if self.clipboard is not None or self.send is None or target is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def copied(text: str) -> None:  # on the clipboard's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: the service stopped
+                loop.call_soon_threadsafe(self._copied, text)
+
+        try:
+            self.clipboard = Clipboard(
+                target.disp.get_display_name(), copied, name=f"clipboard-{self.session_id}"
+            ).start()
+            log.info("event=clipboard_shared session=%s", self.session_id)
+        except NoClipboard as exc:
+            log.warning("event=clipboard_unavailable session=%s error=%r", self.session_id, exc)
+
+    def _copied(self, text: str) -> None:
+        if self.controller is not None and self.send is not None:
+            self.send(self.controller, {"t": "clip", "text": text})
+
+    def close(self) -> None:
+        """Stop sharing the clipboard (the session ends)."""
+        if self.clipboard is not None:
+            self.clipboard.close()
+            self.clipboard = None
 
     def handle(self, viewer_id: str, message: dict[str, Any]) -> dict[str, Any] | None:
         """Apply one data-channel message; the reply to send back, if any."""
@@ -83,6 +120,13 @@ class InputControl:
         return None
 
     def _apply(self, kind: str, m: dict[str, Any]) -> None:
+        if kind == "clip":
+            text = m["text"]
+            if not isinstance(text, str):
+                raise TypeError("clipboard text must be a string")
+            if self.clipboard is not None:
+                self.clipboard.paste(text)
+            return
         if kind == "resize":
             # the video scales to the viewer's size, within the display's own
             width = min(self.app.width, int(m["w"])) // 2 * 2

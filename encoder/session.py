@@ -86,8 +86,9 @@ class StreamSession:
         self.source: Source = make_source(app, settings, f"stream-{self.id}")
         self.pipeline: Pipeline | None = None
         self.control = InputControl(
-            self.id, app, lambda: self.source.input, self._video_size, self._resize
-        )
+            self.id, app, lambda: self.source.input, self._video_size, self._resize,
+            send=self._send_to,
+        )  # fmt: skip
         self.frames_out = 0
         self.keyframes_out = 0
         self.ended = asyncio.Event()
@@ -193,6 +194,7 @@ class StreamSession:
             await viewer.close()
         self.viewers.clear()
         self.control.controller = None
+        self.control.close()
         pipeline = self.pipeline
         if pipeline is not None:
             await asyncio.to_thread(pipeline.stop)
@@ -328,6 +330,11 @@ class StreamSession:
             self._arm_idle()
         self._apply_estimates()
 
+    def _send_to(self, viewer_id: str, message: dict[str, Any]) -> None:
+        viewer = self.viewers.get(viewer_id)
+        if viewer is not None:
+            viewer.send(message)
+
     @property
     def controller(self) -> str | None:
         """The viewer whose input counts, if any."""
@@ -358,6 +365,10 @@ class StreamSession:
             if self.dropped[exc.reason] in (1, 100, 10_000):  # a flood logs a few lines only
                 log.info("event=message_dropped session=%s viewer=%s reason=%s count=%d",
                          self.id, viewer.id, exc.reason, self.dropped[exc.reason])  # fmt: skip
+            return None
+        if message["t"] == "keyframe":  # a WebSocket viewer's decoder fell behind (a PLI)
+            viewer.keyframe_requests += 1
+            self.request_keyframe()
             return None
         return self.control.handle(viewer.id, message)
 

@@ -33,9 +33,12 @@
       // frame on screen), and their sum with half the round trip
       service_ms: null, browser_ms: null, latency_ms: null,
     },
+    // the text an app of the session last copied (controlling viewer only)
+    clipboard: null,
     send,
     takeControl,
     leave,
+    paste,
   };
   window.tessera = tessera;
 
@@ -305,8 +308,31 @@
       if (tessera.controlling) setRole("spectator");
     } else if (msg.t === "control" || msg.t === "role") {
       setRole(msg.controlling || msg.role === "player" ? "player" : "spectator");
+    } else if (msg.t === "clip" && typeof msg.text === "string") {
+      copied(msg.text);
     }
   }
+
+  // ------------------------------------------------------------------ clipboard
+
+  // An app copied: the text goes to the local clipboard where the browser lets us write it
+  function copied(text) {
+    tessera.clipboard = text;
+    if (navigator.clipboard && document.hasFocus()) {
+      navigator.clipboard.writeText(text).catch(() => {});
+    }
+  }
+
+  // Text for the session's apps to paste (what the user pasted into the page)
+  function paste(text) {
+    return inputAllowed() && send({ t: "clip", text: String(text) });
+  }
+
+  window.addEventListener("paste", (event) => {
+    if (!inputAllowed() || typingInForm(event) || !event.clipboardData) return;
+    const text = event.clipboardData.getData("text/plain");
+    if (text) paste(text);
+  });
 
   // ------------------------------------------------------------------ input
 

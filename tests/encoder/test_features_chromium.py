@@ -1,0 +1,138 @@
+"""Session features in a real headless Chromium against a running stream service and its
+player: the clipboard both ways (the controlling viewer only), read back from a probe app
+(encoder/probeapp.py) that reports what it receives."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from encoder.service import StreamService, running
+from farm.settings import Settings
+from tests.encoder import tokens
+from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, end_session
+
+OPERATOR = tokens.operator()
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium"),
+    pytest.mark.usefixtures("no_orphans"),
+]
+
+#: what the user pastes into the page (Ctrl+V): a paste event with the text on it
+PASTE_JS = """
+(text) => {
+  const data = new DataTransfer();
+  data.setData("text/plain", text);
+  window.dispatchEvent(new ClipboardEvent("paste", { clipboardData: data }));
+}
+"""
+
+#: every text the page is given from here on, in order
+RECORD_CLIPS_JS = """
+() => {
+  window.clips = [];
+  let value = tessera.clipboard;
+  Object.defineProperty(tessera, "clipboard", {
+    get() { return value; },
+    set(text) { value = text; window.clips.push(text); },
+  });
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iterator[StreamService]:
+    work = tmp_path_factory.mktemp("stream-features")
+    apps = work / "apps.json"
+    probe = {"name": "probe", "command": [sys.executable, "-m", "encoder.probeapp"]}
+    apps.write_text(json.dumps([probe]))
+    settings = Settings().with_(
+        redis_url=redis_server.url.rsplit("/", 1)[0] + "/2",
+        work_dir=work,
+        stream_port=0,
+        stream_apps=apps,
+        cpu_encode_sessions=4,
+        stream_grace_s=2.0,
+        stream_secret=tokens.STREAM_SECRET,
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    page = browser.new_page(viewport={"width": 800, "height": 600})
+    yield page
+    page.close(run_before_unload=True)
+
+
+def _play_probe(service: StreamService, page: Page, size: str = "320x240") -> str:
+    width, height = size.split("x")
+    page.goto(
+        f"{service.url}/player?app=probe&width={width}&height={height}&fps=30&autostart=1"
+        f"&token={OPERATOR}"
+    )
+    page.wait_for_function(
+        "window.tessera && tessera.controlling && tessera.stats.frames_decoded > 0",
+        timeout=TIMEOUT_MS,
+    )
+    return str(page.evaluate("tessera.sessionId"))
+
+
+def test_clipboard_goes_both_ways_for_the_controlling_viewer(
+    service: StreamService, browser: Browser, page: Page
+) -> None:
+    sid = _play_probe(service, page)
+    # the user pastes into the page: the app reads it, and what the app copies comes back
+    page.evaluate(PASTE_JS, "hello, clipboard ✓")
+    page.wait_for_function("tessera.clipboard === 'echo:hello, clipboard ✓'", timeout=TIMEOUT_MS)
+    page.evaluate("tessera.paste('second')")
+    page.wait_for_function("tessera.clipboard === 'echo:second'", timeout=TIMEOUT_MS)
+
+    spectator = browser.new_page(viewport={"width": 640, "height": 480})
+    try:
+        spectator.goto(
+            f"{service.url}/player?session={sid}&role=spectator&token={tokens.viewer(sid)}"
+        )
+        spectator.wait_for_function(
+            "window.tessera && tessera.role === 'spectator' && tessera.stats.frames_decoded > 0",
+            timeout=TIMEOUT_MS,
+        )
+        page.evaluate(RECORD_CLIPS_JS)
+        # a spectator's paste reaches nobody, and it is not told what the app copies
+        assert spectator.evaluate("tessera.paste('from a spectator')") is False
+        denied = service.sessions[sid].control.denied
+        spectator.evaluate("tessera.send({t: 'clip', text: 'sneaked'})")
+        _wait(lambda: service.sessions[sid].control.denied > denied)
+        page.evaluate("tessera.paste('third')")
+        page.wait_for_function("tessera.clipboard === 'echo:third'", timeout=TIMEOUT_MS)
+        assert spectator.evaluate("tessera.clipboard") is None
+        assert page.evaluate("window.clips") == ["echo:third"]
+    finally:
+        spectator.close(run_before_unload=True)
+    end_session(page, service)
+
+
+def _wait(done: Callable[[], bool], timeout_s: float = TIMEOUT_MS / 1000) -> None:
+    """Until ``done()`` (the service's state, read from its own thread), or fail."""
+    deadline = time.monotonic() + timeout_s
+    tick = threading.Event()
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        tick.wait(0.02)
