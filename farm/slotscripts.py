@@ -71,6 +71,14 @@ end
 -- that leaves encoder use alone (a render lease) moves it in the render index only: the stream
 -- index's memory tie-break then lags until the next stream lease or heartbeat, which only
 -- reorders equally loaded encoders (every candidate's room is checked before a grant).
+-- A device on a host whose encoder budget is spent (consumer drivers cap sessions per system)
+-- goes behind the stream index's penalty too, or every stream placement would walk past it.
+local function host_full(host)
+  local hb = redis.call('HMGET', P .. 'host:' .. (host or ''), 'budget', 'used_enc')
+  local budget = tonumber(hb[1] or '-1')
+  return budget >= 0 and tonumber(hb[2] or '0') >= budget
+end
+
 local function place(d, f, now, encoders_changed)
   local rk, sk = index_key(f[3], 'render'), index_key(f[3], 'stream')
   local ark, ask = index_key(ANY, 'render'), index_key(ANY, 'stream')
@@ -79,6 +87,7 @@ local function place(d, f, now, encoders_changed)
     redis.call('ZADD', rk, r, d)
     redis.call('ZADD', ark, r, d)
     if encoders_changed then
+      if s < PENALTY and host_full(f[2]) then s = s + PENALTY end
       redis.call('ZADD', sk, s, d)
       redis.call('ZADD', ask, s, d)
     end
@@ -87,6 +96,19 @@ local function place(d, f, now, encoders_changed)
     redis.call('ZREM', sk, d)
     redis.call('ZREM', ark, d)
     redis.call('ZREM', ask, d)
+  end
+end
+
+-- Change a host's encoder sessions in use; when its budget fills up or frees (a consumer host),
+-- its other devices move in the stream index (the lease's own device is placed by the caller).
+local function host_encoders(host, delta, except, now)
+  local hk = P .. 'host:' .. host
+  local used = redis.call('HINCRBY', hk, 'used_enc', delta)
+  local budget = tonumber(redis.call('HGET', hk, 'budget') or '-1')
+  if budget >= 0 and (used >= budget) ~= (used - delta >= budget) then
+    for _, d in ipairs(redis.call('SMEMBERS', hk .. ':devices')) do
+      if d ~= except then place(d, device_fields(d), now, true) end
+    end
   end
 end
 
@@ -139,7 +161,7 @@ local function free(id, why, now, token)
   f[9] = tonumber(f[9] or '0') - tonumber(l[4])
   redis.call('HSET', dk, 'used_vram', f[7], 'used_enc', f[8], 'used_slots', f[9])
   if tonumber(l[3]) > 0 then
-    redis.call('HINCRBY', P .. 'host:' .. l[5], 'used_enc', 0 - tonumber(l[3]))
+    host_encoders(l[5], 0 - tonumber(l[3]), l[1], now)
   end
   redis.call('SREM', dk .. ':leases', id)
   record_usage(id, l, why, now, f)
@@ -352,7 +374,7 @@ best_f[8] = tonumber(best_f[8] or '0') + enc
 best_f[9] = tonumber(best_f[9] or '0') + slots
 redis.call('HSET', dk, 'used_vram', best_f[7], 'used_enc', best_f[8], 'used_slots', best_f[9],
            'token', token)
-if enc > 0 then redis.call('HINCRBY', P .. 'host:' .. best_f[2], 'used_enc', enc) end
+if enc > 0 then host_encoders(best_f[2], enc, best, now) end
 place(best, best_f, now, enc > 0)
 return {'ok', best, token, expires, revoked}
 """
@@ -473,6 +495,7 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
       redis.call('ZREM', index_key(old[2], 'stream'), d['id'])
     end
     redis.call('SADD', P .. 'classes', class)
+    redis.call('SADD', P .. 'host:' .. ARGV[4] .. ':devices', d['id'])
     -- the count of devices of each shape answers "could this ever fit?" without a scan
     local shape = class .. '|' .. d['vram_mib'] .. '|' .. d['encoder_sessions'] .. '|'
                   .. d['render_slots']

@@ -127,3 +127,32 @@ def test_a_device_whose_agent_comes_back_is_placed_again(rconn: redis.Redis) -> 
     alloc.register("agent", "host", t4, ttl_s=1)  # the same offer, beating again
     lease = alloc.try_acquire("s", Request("stream", encoder_sessions=1))
     assert lease is not None and lease.device == "gpu-back"
+
+
+STREAM = Request("stream", encoder_sessions=1, vram_mib=1000)
+
+
+def test_consumer_hosts_with_their_encoder_budget_spent_are_not_walked_past(
+    rconn: redis.Redis,
+) -> None:
+    clock = Clock()
+    counts = []
+    for hosts in (1, 50):
+        rconn.flushall()
+        alloc = SlotAllocator(rconn, ttl_s=10, clock_ms=clock)
+        for h in range(hosts):
+            rtx = [DeviceOffer(f"rtx-{h}-{i}", "rtx4090", "RTX 4090", 24564, 16, 2)
+                   for i in range(8)]  # fmt: skip
+            alloc.register(f"a-{h}", f"gamer-{h}", rtx, ttl_s=3600, host_encoder_budget=1)
+            alloc.acquire("s", Request("stream", encoder_sessions=1, device_ids=(f"rtx-{h}-0",)))
+        # named to sort after them: among equal scores the walk goes by name
+        alloc.register("dc", "dc-host", [DeviceOffer("z-l4", "l4", "L4", 23034, 16, 2)], 3600)
+        lease = alloc.acquire("s", STREAM)
+        assert lease.device == "z-l4"  # every consumer host is at its budget
+        alloc.release(lease)
+
+        def cycle(a: SlotAllocator = alloc) -> None:
+            a.release(a.acquire("s", STREAM))
+
+        counts.append(_commands(rconn, cycle))
+    assert counts[1] <= counts[0] + 2, f"commands with 8 vs 400 capped consumer GPUs: {counts}"
