@@ -44,6 +44,8 @@ async def run(
     runner = web.AppRunner(create_app(settings), access_log=logging.getLogger("tessera.access"))
     await runner.setup()
     scrape: web.AppRunner | None = None
+    # handlers go in before the URL is printed: whoever reads the URL may signal at once
+    stop = _stop_on_signals() if until is None else None
     try:
         if settings.web_metrics_port:
             scrape = web.AppRunner(scrape_app(), access_log=None)
@@ -89,24 +91,25 @@ async def run(
         print(json.dumps({"url": url}), file=sys.stdout, flush=True)
         if until is not None:
             await until(url)
-        else:
-            await _signalled()
+        elif stop is not None:
+            await stop.wait()
     finally:
+        if stop is not None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
         if scrape is not None:
             await scrape.cleanup()
         await runner.cleanup()
 
 
-async def _signalled() -> None:
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGINT or SIGTERM sets; the caller removes the handlers when done."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    return stop
 
 
 def serve(settings: Settings, out: TextIO = sys.stderr) -> None:

@@ -48,8 +48,6 @@ def test_farm_up_writes_nothing_where_it_is_started(tmp_path: Path) -> None:
         assert line, f"farm up ended early:\n{proc.communicate(timeout=30)[1]}"
         url = json.loads(line)["url"]
         assert url.startswith("http://127.0.0.1:")
-        # an answer means its loop runs, past installing its Ctrl-C handler (it prints the URL
-        # just before: a SIGINT in between ends it with 130, "interrupted")
         with urllib.request.urlopen(f"{url}/healthz", timeout=30) as resp:
             assert resp.status == 200
         proc.send_signal(signal.SIGINT)
