@@ -198,6 +198,39 @@ async def add_viewer(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
+async def ws_viewer(request: web.Request) -> web.StreamResponse:
+    """A viewer on a WebSocket (the fallback where WebRTC cannot connect): binary messages
+    carry the session's encoded video (encoder/wsviewer.py), text messages the same JSON as
+    the data channel, both ways. Query: ``role``, ``name``."""
+    service = request.app[SERVICE]
+    session = service.session(_session_of(request))
+    role = request.query.get("role", "player")
+    if role != "spectator" and _claims(request).role == "spectator":
+        raise Forbidden("a spectator's token joins as spectator only")
+    if role not in ("player", "spectator"):
+        _bad(f"role must be player or spectator, not {role!r}")
+    # oversized messages are the session's to drop and count, not the socket's to close on
+    ws = web.WebSocketResponse(
+        max_msg_size=max(1 << 16, 16 * service.settings.stream_message_max_bytes),
+        heartbeat=30.0,  # a dead peer is found within 45 s (pong within half of it)
+    )
+    await ws.prepare(request)
+    try:
+        viewer = session.add_ws_viewer(ws, role, request.query.get("name", ""))
+    except FarmError as exc:  # the session ended meanwhile: the socket is open, say it there
+        await ws.send_json({"t": "error", "code": exc.code, "message": exc.message})
+        await ws.close()
+        return ws
+    state = session.to_json()
+    await ws.send_json(
+        {"t": "hello", "viewer_id": viewer.id, "role": viewer.role, "session_id": session.id,
+         "controlling": session.controller == viewer.id,
+         "width": state["width"], "height": state["height"]}
+    )  # fmt: skip
+    await viewer.run()
+    return ws
+
+
 async def remove_viewer(request: web.Request) -> web.Response:
     session = request.app[SERVICE].session(_session_of(request))
     await session.remove_viewer(request.match_info["vid"])
@@ -264,6 +297,7 @@ def create_app(service: StreamService) -> web.Application:
             web.delete("/api/streams/sessions/{sid}", end_session),
             web.post("/api/streams/sessions/{sid}/viewers", add_viewer),
             web.delete("/api/streams/sessions/{sid}/viewers/{vid}", remove_viewer),
+            web.get("/api/streams/sessions/{sid}/ws", ws_viewer),
             web.post("/api/streams/sessions/{sid}/control", control),
             web.get("/metrics", metrics_view),
             web.get("/player", _static("player.html")),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from aiortc.mediastreams import MediaStreamError
 
 from encoder.peers import MAX_PENDING_FRAMES, PacketTrack
 from encoder.videoencoder import Packet
@@ -85,7 +86,8 @@ class WsViewer:
             self._notify_closed()
 
     async def _send_video(self) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
+        # MediaStreamError: the track stopped (the viewer is closing)
+        with contextlib.suppress(ConnectionError, RuntimeError, MediaStreamError):
             while not self.ws.closed:
                 packet = await self.track.recv()
                 await self.ws.send_bytes(video_message(packet, bool(packet.is_keyframe)))

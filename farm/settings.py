@@ -257,9 +257,9 @@ class Settings:
     """FARM_STREAM_INPUT_RATE: input messages per second one viewer may send (a burst of as
     many is allowed); more are dropped and counted."""
 
-    stream_message_max_bytes: int = 4096
-    """FARM_STREAM_MESSAGE_MAX_BYTES: the largest data-channel message taken; larger ones are
-    dropped and counted."""
+    stream_message_max_bytes: int = 65536
+    """FARM_STREAM_MESSAGE_MAX_BYTES: the largest viewer message taken (input, clipboard text);
+    larger ones are dropped and counted."""
 
     stream_capture_retries: int = 2
     """FARM_STREAM_CAPTURE_RETRIES: times a session's capture that failed is started again

@@ -185,6 +185,9 @@ def table() -> list[Route]:
           body={"type": S, "sdp": S, "role": S, "name": S}, tags=("streams",)),
         R("DELETE", "/api/streams/sessions/{session_id}/viewers/{viewer_id}", streams.leave,
           "leave a session", tags=("streams",)),
+        R("GET", "/api/streams/sessions/{session_id}/ws", streams.watch,
+          "watch (and drive) a session over a WebSocket: the fallback where WebRTC cannot "
+          "connect", tags=("streams",)),
         R("POST", "/api/streams/sessions/{session_id}/control", streams.control,
           "hand control to a viewer", body={"viewer_id": S}, tags=("streams",)),
     ]  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -11,11 +12,11 @@ import aiohttp
 from aiohttp import web
 
 from farm import keys, streamauth
-from farm.errors import BadParameter, FarmError, NoCapacity, NotFound
+from farm.errors import BadParameter, FarmError, Forbidden, NoCapacity, NotFound
 from farm.redisclient import guard
 from web import jsonio
 from web.appkeys import CONN, HTTP, SETTINGS, blocking, user_of
-from web.auth import check_device, role_in
+from web.auth import check_device, check_origin, role_in
 
 log = logging.getLogger("tessera.web.streams")
 
@@ -244,3 +245,66 @@ async def control(request: web.Request) -> web.Response:
     url = f"{owner['url']}/api/streams/sessions/{sid}/control"
     auth = token(request, owner["project"], sid, "controller")
     return _answer(*await call(request, "POST", url, body, auth=auth))
+
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    """A viewer over a WebSocket (the player's fallback where WebRTC cannot connect), proxied
+    to the session's stream service: video one way, input JSON both ways, frame for frame."""
+    sid, owner = await _owned(request)
+    if "Authorization" not in request.headers:
+        # a browser sends the cookie with a WebSocket opened by any site: only our pages may
+        check_origin(request, strict=True)
+    project = owner["project"]
+    role = request.query.get("role", "player")
+    if user_of(request).role(project) == "viewer":
+        role = "spectator"
+    query = {"role": role, "name": request.query.get("name") or user_of(request).name}
+    url = f"{owner['url']}/api/streams/sessions/{sid}/ws"
+    auth = token(request, project, sid, _viewer_role(request, project))
+    try:
+        upstream = await request.app[HTTP].ws_connect(
+            url, params=query, headers={"Authorization": f"Bearer {auth}"}, max_msg_size=0,
+            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+        )  # fmt: skip
+    except aiohttp.WSServerHandshakeError as exc:
+        if exc.status == 404:
+            raise NotFound(f"stream session {sid} has ended", session_id=sid) from None
+        if exc.status == 403:
+            raise Forbidden(f"the stream service refused to join session {sid}") from None
+        raise NoCapacity(f"the stream service at {url} refused the WebSocket: {exc}") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise NoCapacity(f"the stream service at {url} did not answer: {exc}") from None
+    ws = web.WebSocketResponse(max_msg_size=0)
+    try:
+        await ws.prepare(request)
+        await _pump(ws, upstream)
+    finally:
+        await upstream.close()
+        await ws.close()
+    return ws
+
+
+async def _pump(ws: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
+    """Messages both ways until either side closes."""
+
+    async def down() -> None:
+        async for msg in upstream:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                await ws.send_bytes(msg.data)
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                await ws.send_str(msg.data)
+
+    async def up() -> None:
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                await upstream.send_str(msg.data)
+            elif msg.type == aiohttp.WSMsgType.BINARY:
+                await upstream.send_bytes(msg.data)
+
+    tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

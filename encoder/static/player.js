@@ -3,6 +3,7 @@
 // Query: ?session=<sid>&role=player|spectator&api=<base url>  (join a session)
 //        ?app=<name>&width=&height=&fps=&project=&autostart=1 (start one)
 //        &token=<stream token>  (opened on a stream service itself; the web needs none)
+//        &transport=ws  (the WebSocket + WebCodecs fallback from the start, not after ICE fails)
 "use strict";
 
 (() => {
@@ -13,6 +14,7 @@
   const $ = (id) => document.getElementById(id);
   const video = $("video");
   const ICE_GATHER_TIMEOUT_MS = 5000;
+  const ICE_CONNECT_TIMEOUT_MS = 10000;
   const STATS_INTERVAL_MS = 1000;
 
   // Everything a test or a curious user may read: window.tessera.stats, .state, ...
@@ -185,6 +187,8 @@
   }
 
   async function join(sid, role) {
+    if (params.get("transport") === "ws" || !window.RTCPeerConnection) return joinWs(sid, role);
+    tessera.transport = "webrtc";
     setState("connecting");
     clearError();
     pc = new RTCPeerConnection({ iceServers: await iceServers() });
@@ -207,7 +211,9 @@
     pc.onconnectionstatechange = () => {
       if (leaving) return;
       const cs = pc.connectionState;
-      if (cs === "failed") {
+      if (cs === "failed" && fallBack(sid, role)) {
+        return;
+      } else if (cs === "failed") {
         setState("failed");
         showError({ code: "connection_failed", message: "The connection to the stream failed." });
       } else if (cs === "disconnected") {
@@ -228,6 +234,11 @@
       tessera.viewerId = answer.viewer_id;
       setRole(answer.role);
       await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+      // ICE that never gets through (UDP blocked, no TURN) does not always say "failed"
+      const tried = pc;
+      setTimeout(() => {
+        if (pc === tried && !["connected", "closed"].includes(tried.connectionState)) fallBack(sid, role);
+      }, ICE_CONNECT_TIMEOUT_MS);
     } catch (err) {
       setState(err.code === "no_capacity" ? "refused" : "failed");
       showError(err);
@@ -283,9 +294,192 @@
       showError(err);
     }
     if (pc) pc.close();
+    if (ws) ws.close();
     tessera.viewerId = null;
     setState("closed");
     $("leave").hidden = $("end").hidden = $("control").hidden = $("lock").hidden = true;
+  }
+
+  // ------------------------------------------------------------------ WebSocket fallback
+  // The same session over one WebSocket: binary messages are H.264 access units (a 10-byte
+  // header: version, flags (1 = keyframe), capture time in microseconds), decoded with
+  // WebCodecs into the same <video>; text messages are the data channel's JSON, both ways.
+
+  let ws = null;
+  let fellBack = false;
+
+  // ICE failed before anything played: leave that viewer and join again over the WebSocket
+  function fallBack(sid, role) {
+    if (fellBack || leaving || tessera.state === "playing" || !window.VideoDecoder) return false;
+    fellBack = true;
+    const old = pc, oldViewer = tessera.viewerId;
+    pc = null;
+    clearInterval(statsTimer);
+    if (old) old.close();
+    tessera.viewerId = null;
+    // that viewer leaves first: it holds control, which the new one is to have
+    const left = oldViewer
+      ? call("DELETE", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers/${encodeURIComponent(oldViewer)}`)
+      : Promise.resolve();
+    left.catch(() => {}).then(() => joinWs(sid, role));
+    return true;
+  }
+
+  function wsUrl(sid, role) {
+    const url = new URL(api + `/api/streams/sessions/${encodeURIComponent(sid)}/ws`, location.href);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    url.searchParams.set("role", role);
+    if (token) url.searchParams.set("token", token);
+    return url;
+  }
+
+  // "avc1.PPCCLL" from the SPS of an Annex B access unit, or null
+  function avcCodec(bytes) {
+    for (let i = 0; i + 7 < bytes.length; i++) {
+      if (bytes[i] === 0 && bytes[i + 1] === 0 && bytes[i + 2] === 1 && (bytes[i + 3] & 0x1f) === 7) {
+        const hex = (b) => b.toString(16).padStart(2, "0");
+        return "avc1." + hex(bytes[i + 4]) + hex(bytes[i + 5]) + hex(bytes[i + 6]);
+      }
+    }
+    return null;
+  }
+
+  function videoSink() {
+    if (window.MediaStreamTrackGenerator) {
+      const generator = new MediaStreamTrackGenerator({ kind: "video" });
+      const writer = generator.writable.getWriter();
+      video.srcObject = new MediaStream([generator]);
+      video.play().catch(() => {});
+      return (frame) => {
+        if (writer.desiredSize !== null && writer.desiredSize <= 0) { frame.close(); return; }
+        writer.write(frame).catch(() => {});  // the writer closes the frame
+      };
+    }
+    const canvas = document.createElement("canvas");
+    const ctx = canvas.getContext("2d");
+    video.srcObject = canvas.captureStream();
+    video.play().catch(() => {});
+    return (frame) => {
+      if (canvas.width !== frame.displayWidth) canvas.width = frame.displayWidth;
+      if (canvas.height !== frame.displayHeight) canvas.height = frame.displayHeight;
+      ctx.drawImage(frame, 0, 0);
+      frame.close();
+    };
+  }
+
+  async function joinWs(sid, role) {
+    tessera.transport = "websocket";
+    setState("connecting");
+    clearError();
+    if (!window.VideoDecoder) {
+      setState("failed");
+      showError({ code: "unsupported", message: "This browser has no WebCodecs for the WebSocket fallback." });
+      return;
+    }
+    const sink = videoSink();
+    const st = tessera.stats;
+    const decodeStarted = new Map();
+    let decoder = null, configured = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
+    let last = { at: performance.now(), frames: 0, bytes: 0 };
+    st.codec = "video/H264 (WebSocket)";
+
+    function newDecoder() {
+      decoder = new VideoDecoder({
+        output: (frame) => {
+          const began = decodeStarted.get(frame.timestamp);
+          decodeStarted.delete(frame.timestamp);
+          if (began !== undefined) decodeSum += performance.now() - began;
+          frames++;
+          st.frames_decoded++;
+          tessera.frameWidth = frame.displayWidth;
+          tessera.frameHeight = frame.displayHeight;
+          if (tessera.state === "connecting") setState("playing");
+          sink(frame);
+        },
+        error: () => { configured = null; behind(); },
+      });
+    }
+
+    // decoding fell behind (or failed): drop to a keyframe, asked for now
+    function behind() {
+      if (waitKey) return;
+      waitKey = true;
+      send({ t: "keyframe" });
+    }
+
+    function onVideo(buf) {
+      const view = new DataView(buf);
+      if (buf.byteLength < 10 || view.getUint8(0) !== 1) return;
+      const key = (view.getUint8(1) & 1) === 1;
+      const at = Number(view.getBigUint64(2));
+      const data = new Uint8Array(buf, 10);
+      bytes += buf.byteLength;
+      st.bytes_received += buf.byteLength;
+      if (key) {
+        const codec = avcCodec(data);
+        if (!decoder || decoder.state === "closed") { newDecoder(); configured = null; }
+        if (codec && codec !== configured) {
+          decoder.configure({ codec, optimizeForLatency: true, hardwareAcceleration: "no-preference" });
+          configured = codec;
+        }
+        waitKey = false;
+      }
+      if (waitKey || !configured) { st.frames_dropped++; return; }
+      if (!key && decoder.decodeQueueSize > 2) {
+        st.frames_dropped++;
+        behind();
+        return;
+      }
+      decodeStarted.set(at, performance.now());
+      decoder.decode(new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }));
+    }
+
+    function wsStats() {
+      send({ t: "ping", ts: performance.now() });
+      const now = performance.now(), dt = (now - last.at) / 1000;
+      if (dt > 0) {
+        st.fps = round((frames - last.frames) / dt, 1);
+        st.bitrate_kbps = round(8 * (bytes - last.bytes) / dt / 1000, 0);
+        if (frames > last.frames) st.decode_ms = round(decodeSum / (frames - last.frames), 2);
+      }
+      decodeSum = 0;
+      last = { at: now, frames, bytes };
+      if (decodeStarted.size > 100) decodeStarted.clear();
+      render();
+    }
+
+    ws = new WebSocket(wsUrl(sid, role));
+    ws.binaryType = "arraybuffer";
+    const socket = ws;
+    channel = {
+      get readyState() { return socket.readyState === WebSocket.OPEN ? "open" : "closed"; },
+      send: (text) => socket.send(text),
+    };
+    socket.onmessage = (event) => {
+      if (typeof event.data !== "string") { onVideo(event.data); return; }
+      let msg;
+      try { msg = JSON.parse(event.data); } catch (e) { return; }
+      if (msg.t === "hello") {
+        tessera.viewerId = msg.viewer_id;
+        setRole(msg.controlling ? "player" : "spectator");
+        $("leave").hidden = false;
+        $("end").hidden = false;
+        statsTimer = setInterval(wsStats, STATS_INTERVAL_MS);
+      } else if (msg.t === "error") {
+        showError(msg);
+      } else {
+        onMessage(event);
+        if (msg.t === "pong") render();
+      }
+    };
+    socket.onclose = () => {
+      clearInterval(statsTimer);
+      if (decoder && decoder.state !== "closed") decoder.close();
+      if (leaving) return;
+      if (tessera.state === "playing") showError({ code: "ended", message: "The session ended." });
+      else if (!tessera.error) showError({ code: "connection_failed", message: "The WebSocket to the stream closed." });
+      setState(tessera.state === "playing" ? "closed" : "failed");
+    };
   }
 
   // ------------------------------------------------------------------ data channel

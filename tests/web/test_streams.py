@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import aiohttp
+import pytest
+
 from farm import jobstore
 from farm.settings import Settings
 from tests.encoder.tokens import STREAM_SECRET
@@ -67,3 +70,61 @@ async def test_launch_list_and_end_a_stream_through_the_web(
             )
             assert denied.status == 403
             assert "'cpu'" in (await denied.json())["error"]["message"]
+
+
+async def test_a_websocket_viewer_through_the_web_is_project_checked_and_gets_the_video(
+    web_settings: Settings, tokens: Tokens
+) -> None:
+    from encoder.service import StreamService
+    from encoder.wsviewer import HEADER, KEYFRAME
+
+    web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
+    stream_settings = web_settings.with_(
+        device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
+    )
+    alice, bob, vera = bearer(tokens.alice), bearer(tokens.bob), bearer(tokens.vera)
+    async with api(web_settings) as client, StreamService(stream_settings):
+        made = await client.post(
+            "/api/streams/sessions",
+            json={"app": "testpattern", "project": "A", "width": 640, "height": 360},
+            headers=alice,
+        )
+        assert made.status == 201, await made.text()
+        sid = (await made.json())["session_id"]
+        path = f"/api/streams/sessions/{sid}/ws"
+        # another project's member does not see the session; a cookie from another site is
+        # refused (a cross-site WebSocket would ride the user's login)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(path, headers=bob)
+        assert refused.value.status == 404
+        login = await client.post("/api/login", json={"token": tokens.alice})
+        assert login.status == 200
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(path, headers={"Origin": "https://elsewhere.example"})
+        assert refused.value.status == 403
+        own = str(client.make_url("/")).rstrip("/")
+        async with client.ws_connect(path, headers={"Origin": own}) as ws:
+            assert (await ws.receive_json(timeout=10))["t"] == "hello"
+        client.session.cookie_jar.clear()
+        # a project viewer joins as a spectator whatever it asks, and gets a keyframe at once
+        async with client.ws_connect(path + "?role=player", headers=vera) as ws:
+            hello = await ws.receive_json(timeout=10)
+            assert (hello["t"], hello["role"], hello["controlling"]) == (
+                "hello",
+                "spectator",
+                False,
+            )
+            msg = await ws.receive(timeout=10)
+            assert msg.type == aiohttp.WSMsgType.BINARY
+            _version, flags, _at = HEADER.unpack_from(msg.data)
+            assert flags & KEYFRAME
+            await ws.send_json({"t": "ping", "ts": 7})
+            while True:
+                msg = await ws.receive(timeout=10)
+                if msg.type == aiohttp.WSMsgType.TEXT and msg.json() == {"t": "pong", "ts": 7}:
+                    break
+        async with client.ws_connect(path, headers=alice) as ws:
+            hello = await ws.receive_json(timeout=10)
+            assert (hello["role"], hello["controlling"]) == ("player", True)
+        ended = await client.delete(f"/api/streams/sessions/{sid}", headers=alice)
+        assert ended.status == 204
