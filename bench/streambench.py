@@ -22,6 +22,13 @@ from farm.redisserver import RedisServer
 from tests.encoder.serviceprocess import ServiceProcess, ours_command, plain_command
 from tests.encoder.tokens import STREAM_SECRET
 
+#: the latency probe app: a time code drawn by the app itself at its own frame clock
+TIMECODE_APP = {
+    "name": "timecode",
+    "title": "Latency probe (frame counter and drawing time)",
+    "command": [sys.executable, "-m", "encoder.timecode"],
+}
+
 
 def add_arm_options(parser: argparse.ArgumentParser) -> None:
     """--plain-source (how plain aiortc is fed) and --arms (which services run)."""
@@ -45,7 +52,12 @@ def arm_services(
         tempfile.TemporaryDirectory(prefix=prefix) as tmp,
         RedisServer(Path(tmp) / "redis", unix_socket=False) as redis_server,
     ):
+        # the timecode probe app (encoder/timecode.py) beside the built-ins, for ours; plain
+        # aiortc knows it too (tests/encoder/plainservice.py)
+        apps = Path(tmp) / "apps.json"
+        apps.write_text(json.dumps([TIMECODE_APP]))
         env = {
+            "FARM_STREAM_APPS": str(apps),
             "FARM_REDIS_URL": redis_server.url,
             "FARM_STREAM_PORT": "0",
             "FARM_STREAM_HOST": "127.0.0.1",

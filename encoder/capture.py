@@ -151,15 +151,16 @@ class DamageWatch:
 
 
 class X11Grabber(Grabber):
-    """PyAV's x11grab of a whole display: grabbed the moment the app draws (XDamage), never
-    faster than twice ``fps``, and at ``fps`` while nothing is drawn (a still screen keeps its
-    frame rate). Without XDamage, x11grab polls at ``fps``."""
+    """PyAV's x11grab of a whole display: grabbed the moment the app draws (XDamage), at most
+    ``fps`` frames a second on average (one frame early at most, so an app drawing at the
+    session's rate is grabbed in its own phase), and at ``fps`` while nothing is drawn (a still
+    screen keeps its frame rate). Without XDamage, x11grab polls at ``fps``."""
 
     #: after a frame grabbed on damage, the next still-screen refresh waits this many frame
     #: intervals: an app drawing at the session's rate keeps the grabs in its phase instead of
     #: racing a refresh that would land just before its drawing (and push it half a frame back)
     REPHASE = 1.5
-    #: the fastest grabs follow each other on damage, in frame intervals
+    #: the closest two grabs on damage may follow each other, in frame intervals
     MIN_GAP = 0.5
 
     def __init__(
@@ -181,6 +182,8 @@ class X11Grabber(Grabber):
         #: "damage" or "poll", once running
         self.mode = ""
         self._last_s = 0.0
+        #: the earliest the next grab on damage may be (the average stays within ``fps``)
+        self._allowed_s = 0.0
         #: the last grab followed a drawing
         self._rephase = False
 
@@ -230,11 +233,13 @@ class X11Grabber(Grabber):
         drawn = watch.wait(max(0.0, due_s - time.monotonic()))
         if drawn:
             self.damage_grabs += 1
-            gap_s = self._last_s + interval_s * self.MIN_GAP - time.monotonic()
+            gap_s = self._allowed_s - time.monotonic()
             if gap_s > 0:
                 self._stop.wait(gap_s)
         self._rephase = drawn
-        self._last_s = time.monotonic()
+        now_s = time.monotonic()
+        self._allowed_s = max(now_s + interval_s * self.MIN_GAP, self._allowed_s + interval_s)
+        self._last_s = now_s
 
 
 class PatternGrabber(Grabber):

@@ -13,6 +13,10 @@ encoder falls behind costs latency, as in aiortc, but not the machine's memory.
 With --source pull each viewer's encoder instead pulls frames from a track of its own that
 paints a frame when asked (when it is due, or at once when late): nothing ever waits in a
 queue, but the source's rate drops to what the encoder keeps up with.
+
+A session of an app (APPS: the built-in game, the timecode probe) runs it in an Xvfb of its own
+and captures it as aiortc's users do: MediaPlayer's x11grab at the session's rate, one
+MediaRelay subscriber per viewer (unbuffered: each viewer's encoder takes the newest frame).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,9 +35,18 @@ from typing import Any
 import av
 from aiohttp import web
 from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.contrib.media import MediaPlayer, MediaRelay
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from encoder.display import XDisplay
+from farm import lifetime
 from tests.encoder.streamclient import PatternTrack, prefer_h264
+
+#: apps a session may run besides the test pattern: argv, started with DISPLAY set
+APPS = {
+    "game": [sys.executable, "-m", "encoder.game"],
+    "timecode": [sys.executable, "-m", "encoder.timecode"],
+}
 
 #: frames a viewer's FIFO holds (1 s at 60 fps)
 QUEUE_FRAMES = 60
@@ -97,20 +112,51 @@ class ViewerTrack(MediaStreamTrack):
         self.source.unsubscribe(self)
 
 
+class AppSource:
+    """An app in its own Xvfb, captured by MediaPlayer (x11grab) and fanned out by MediaRelay."""
+
+    def __init__(self, app: str, width: int, height: int, fps: int) -> None:
+        self.display = XDisplay(width, height)
+        self.display.start()
+        env = {**os.environ, "DISPLAY": self.display.name}
+        self.proc = subprocess.Popen(
+            [*APPS[app], *([str(fps)] if app == "timecode" else [])],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=lifetime.die_with_parent(signal.SIGKILL),
+        )
+        options = {"framerate": str(fps), "video_size": f"{width}x{height}", "draw_mouse": "1"}
+        self.player = MediaPlayer(self.display.name, format="x11grab", options=options)
+        self.relay = MediaRelay()
+
+    def track(self) -> MediaStreamTrack:
+        assert self.player.video is not None
+        return self.relay.subscribe(self.player.video, buffered=False)
+
+    def stop(self) -> None:
+        if self.player.video is not None:
+            self.player.video.stop()
+        self.proc.terminate()
+        self.proc.wait()
+        self.display.stop()
+
+
 STATIC = Path(__file__).resolve().parents[2] / "encoder" / "static"
 
 
 class PlainSession:
-    def __init__(self, width: int, height: int, fps: int) -> None:
+    def __init__(self, width: int, height: int, fps: int, app: str = "testpattern") -> None:
         self.id = uuid.uuid4().hex[:12]
+        self.app = app
         self.width, self.height, self.fps = width, height, fps
         self.source = LiveSource(PatternTrack(width, height, fps))
+        self.app_source = AppSource(app, width, height, fps) if app in APPS else None
         self.peers: dict[str, RTCPeerConnection] = {}
 
     def to_json(self) -> dict[str, Any]:
         return {
             "session_id": self.id,
-            "app": "testpattern",
+            "app": self.app,
             "device_id": "plain-aiortc",
             "width": self.width,
             "height": self.height,
@@ -126,6 +172,8 @@ class PlainSession:
         await asyncio.gather(*(pc.close() for pc in self.peers.values()))
         self.peers.clear()
         self.source.stop()
+        if self.app_source is not None:
+            self.app_source.stop()
 
 
 SESSIONS = web.AppKey("sessions", dict[str, PlainSession])
@@ -138,8 +186,11 @@ def error(status: int, code: str, message: str) -> web.Response:
 
 async def create_session(request: web.Request) -> web.Response:
     body = await request.json()
+    app = str(body.get("app", "testpattern"))
+    if app != "testpattern" and app not in APPS:
+        return error(404, "not_found", f"no app {app!r}")
     session = PlainSession(
-        int(body.get("width", 1280)), int(body.get("height", 720)), int(body.get("fps", 30))
+        int(body.get("width", 1280)), int(body.get("height", 720)), int(body.get("fps", 30)), app
     )
     request.app[SESSIONS][session.id] = session
     return web.json_response(session.to_json(), status=201)
@@ -184,8 +235,10 @@ async def add_viewer(request: web.Request) -> web.Response:
         if transceiver.kind == "video":
             prefer_h264(transceiver)
             transceiver.direction = "sendonly"
-            if request.app[PULL]:
-                track: MediaStreamTrack = PatternTrack(session.width, session.height, session.fps)
+            if session.app_source is not None:
+                track: MediaStreamTrack = session.app_source.track()
+            elif request.app[PULL]:
+                track = PatternTrack(session.width, session.height, session.fps)
             else:
                 track = ViewerTrack(session.source)
             transceiver.sender.replaceTrack(track)

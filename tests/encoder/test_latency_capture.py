@@ -85,3 +85,31 @@ def test_a_still_screen_keeps_the_session_frame_rate(screen: XDisplay) -> None:
         assert 14 <= rate <= 26, f"{rate:.1f} fps on a still screen at 20"
     finally:
         grabber.stop()
+
+
+def test_an_app_drawing_faster_than_the_session_is_grabbed_at_the_session_rate(
+    screen: XDisplay,
+) -> None:
+    slot = FrameSlot()
+    grabber = X11Grabber(slot, screen.name, WIDTH, HEIGHT, fps=20)
+    app = xdisplay.Display(screen.name)
+    try:
+        grabber.start()
+        assert slot.take(10.0) is not None, grabber.error
+        root = app.screen().root
+        gcs = [root.create_gc(foreground=c) for c in (0xFFFFFF, 0x000000)]
+        started, before = time.monotonic(), grabber.frames
+        drawn = 0
+        while time.monotonic() < started + 1.5:
+            # about 100 drawings a second, each a damage event
+            root.fill_rectangle(gcs[drawn % 2], 0, 0, WIDTH, HEIGHT)
+            app.sync()
+            drawn += 1
+            slot.take(0.01)
+        rate = (grabber.frames - before) / (time.monotonic() - started)
+        assert drawn / 1.5 > 40, "the app did not draw fast enough to test the limit"
+        assert rate <= 22, f"{rate:.1f} grabs a second at 20 fps (the app drew {drawn})"
+        assert rate >= 14, f"{rate:.1f} grabs a second while the app draws"
+    finally:
+        app.close()
+        grabber.stop()
