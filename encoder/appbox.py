@@ -23,6 +23,7 @@ from pathlib import Path
 
 from encoder.catalog import App
 from encoder.display import APP_MARK
+from encoder.resize import largest, open_screen
 from farm import sandbox
 from farm.errors import SourceFailed
 from farm.sandbox import Limits, Sandboxed, SandboxSpec
@@ -127,6 +128,11 @@ class SandboxedApp:
         self._lock: Path | None = None
         self._dir: Path | None = None
         self._link: Path | None = None
+        #: the largest the display may be resized to (Xvfb's framebuffer)
+        self.framebuffer = largest(
+            app.width, app.height, settings.stream_resize_max_width,
+            settings.stream_resize_max_height,
+        )  # fmt: skip
 
     @property
     def display(self) -> str:
@@ -157,7 +163,7 @@ class SandboxedApp:
             ready_r, ready_w = os.pipe()
             go_r, go_w = os.pipe()
             try:
-                size = f"{self.app.width}x{self.app.height}x24"
+                size = "{}x{}x24".format(*self.framebuffer)
                 argv = ["/bin/sh", "-c", LAUNCHER, "launcher", str(self.number), size]
                 self.box = sandbox.spawn(
                     self.settings, spec, [*argv, *self.app.command],
@@ -166,6 +172,9 @@ class SandboxedApp:
                 os.close(ready_w)
                 ready_w = -1
                 self._await_display(ready_r)
+                if self.framebuffer != (self.app.width, self.app.height):
+                    # the app starts on a screen of the session's size, not the framebuffer's
+                    open_screen(self.display, self.app.width, self.app.height)
                 os.write(go_w, b"go\n")
             finally:
                 for fd in (ready_r, ready_w, go_r, go_w):

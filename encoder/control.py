@@ -24,7 +24,8 @@ class InputControl:
     """One controlling viewer at most; its pointer, buttons, wheel and keys go to ``target``.
 
     ``video_size`` says the size the video is encoded at (pointer positions arrive in video
-    pixels); ``resize`` asks the encoder for another size. ``send`` gives a viewer a message:
+    pixels); ``resize`` asks for another size: it gives the display's new size, or None where
+    only the video was scaled (no display). ``send`` gives a viewer a message:
     the controlling viewer gets ``{"t": "clip", "text": ...}`` whenever an app copies text.
     """
 
@@ -34,7 +35,7 @@ class InputControl:
         app: App,
         target: Callable[[], XInput | None],
         video_size: Callable[[], tuple[int, int]],
-        resize: Callable[[int, int], None],
+        resize: Callable[[int, int], tuple[int, int] | None],
         send: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.session_id, self.app = session_id, app
@@ -43,6 +44,8 @@ class InputControl:
         self.controller: str | None = None
         self.denied = 0
         self.clipboard: Clipboard | None = None
+        #: the size of the display the pointer moves on
+        self.screen = (app.width, app.height)
 
     def joined(self, viewer_id: str, role: str) -> str:
         """The role a joining viewer gets: the first player controls, later ones watch."""
@@ -128,20 +131,23 @@ class InputControl:
                 self.clipboard.paste(text)
             return
         if kind == "resize":
-            # the video scales to the viewer's size, within the display's own
-            width = min(self.app.width, int(m["w"])) // 2 * 2
-            height = min(self.app.height, int(m["h"])) // 2 * 2
+            # the display takes the viewer's size (within its limit); without a display the
+            # video scales instead
+            width, height = int(m["w"]) // 2 * 2, int(m["h"]) // 2 * 2
             check_geometry(width, height, self.app.fps)
-            self.resize(width, height)
+            screen = self.resize(width, height)
+            if screen is not None:
+                self.screen = screen
             return
         target = self.target()
         if target is None:
             return
         if kind == "mm":
             width, height = self.video_size()
-            x = int(m["x"]) * self.app.width // width
-            y = int(m["y"]) * self.app.height // height
-            target.move(max(0, min(self.app.width - 1, x)), max(0, min(self.app.height - 1, y)))
+            screen_w, screen_h = self.screen
+            x = int(m["x"]) * screen_w // width
+            y = int(m["y"]) * screen_h // height
+            target.move(max(0, min(screen_w - 1, x)), max(0, min(screen_h - 1, y)))
         elif kind == "mb":
             target.button(int(m["b"]), bool(m["d"]))
         elif kind == "wh":

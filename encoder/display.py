@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 
+from encoder.resize import open_screen
 from farm.errors import SetupError, SourceFailed
 from farm.lifetime import die_with_parent, stop
 
@@ -21,15 +22,17 @@ START_TIMEOUT_S = 10.0
 
 
 class XDisplay:
-    """An Xvfb server of ``width`` x ``height`` (24-bit), dying with this process.
+    """An Xvfb server of ``width`` x ``height`` (24-bit), dying with this process; RandR may
+    resize it up to ``framebuffer`` (default: its own size).
 
     Xvfb picks its own free display number and writes it on a pipe (``-displayfd``), so two
     sessions starting at once never race for a number.
     """
 
-    def __init__(self, width: int, height: int) -> None:
+    def __init__(self, width: int, height: int, framebuffer: tuple[int, int] | None = None) -> None:
         self.width = width
         self.height = height
+        self.framebuffer = framebuffer or (width, height)
         self.number: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -53,7 +56,7 @@ class XDisplay:
             self.proc = subprocess.Popen(
                 [
                     xvfb, "-displayfd", str(write_fd), "-screen", "0",
-                    f"{self.width}x{self.height}x24", "-nolisten", "tcp", "-noreset",
+                    "{}x{}x24".format(*self.framebuffer), "-nolisten", "tcp", "-noreset",
                     "+extension", "XTEST", "-ac",
                 ],
                 pass_fds=(write_fd,),
@@ -65,6 +68,8 @@ class XDisplay:
             os.close(write_fd)
             write_fd = -1
             self.number = self._read_number(read_fd)
+            if self.framebuffer != (self.width, self.height):
+                open_screen(self.name, self.width, self.height)
         except BaseException:
             self.stop()
             raise

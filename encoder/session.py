@@ -399,9 +399,16 @@ class StreamSession:
             self.pipeline.size if self.pipeline is not None else (self.app.width, self.app.height)
         )
 
-    def _resize(self, width: int, height: int) -> None:
+    def _resize(self, width: int, height: int) -> tuple[int, int] | None:
+        """The display (or, without one, the video) at the viewer's size; the display's."""
+        screen = self.source.resize(width, height)
+        if screen is None:
+            width, height = min(self.app.width, width), min(self.app.height, height)
+        else:
+            width, height = screen
         if self.pipeline is not None:
             self.pipeline.resize(width, height)
+        return screen
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable
 
 from encoder.appbox import SandboxedApp
-from encoder.capture import FrameSlot, Grabber, PatternGrabber, X11Grabber
+from encoder.capture import FrameSlot, Grabber, PatternGrabber
 from encoder.catalog import App
 from encoder.display import APP_MARK, XDisplay
+from encoder.resize import ResizingGrabber, largest, open_screen
 from encoder.xinput import XInput
 from farm.errors import SourceFailed
 from farm.lifetime import die_with_parent
@@ -49,6 +50,21 @@ class Source:
         """The processes this source started (the tests check none outlives the session)."""
         return []
 
+    def resize(self, width: int, height: int) -> tuple[int, int] | None:
+        """Make the display ``width`` x ``height`` (within its framebuffer); the size it now
+        has, or None where there is no display to resize (the encoder scales the video)."""
+        return None
+
+
+def _resize_display(
+    name: str, grabber: Grabber | None, framebuffer: tuple[int, int], width: int, height: int
+) -> tuple[int, int]:
+    width, height = min(width, framebuffer[0]), min(height, framebuffer[1])
+    open_screen(name, width, height)
+    if isinstance(grabber, ResizingGrabber):
+        grabber.resize(width, height)
+    return width, height
+
 
 class PatternSource(Source):
     def start(self, on_exit: Callable[[str], None]) -> None:
@@ -64,9 +80,10 @@ class XAppSource(Source):
 
     input_format = "bgr0"
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, framebuffer: tuple[int, int] | None = None) -> None:
         super().__init__(app)
-        self.display = XDisplay(app.width, app.height)
+        self.framebuffer = framebuffer or (app.width, app.height)
+        self.display = XDisplay(app.width, app.height, self.framebuffer)
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
 
@@ -95,7 +112,7 @@ class XAppSource(Source):
                 target=self._watch, args=(self.proc, on_exit), name="app-watch", daemon=True
             ).start()
             self.input = XInput(self.display.name)
-            self.grabber = X11Grabber(
+            self.grabber = ResizingGrabber(
                 self.slot, self.display.name, self.app.width, self.app.height, self.app.fps
             )
         except BaseException:
@@ -122,6 +139,9 @@ class XAppSource(Source):
 
     def pids(self) -> list[int]:
         return [p for p in (self.display.pid, self.proc.pid if self.proc else None) if p]
+
+    def resize(self, width: int, height: int) -> tuple[int, int] | None:
+        return _resize_display(self.display.name, self.grabber, self.framebuffer, width, height)
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -157,7 +177,7 @@ class SandboxedSource(Source):
                 target=self._watch, args=(self.box.proc, on_exit), name="app-watch", daemon=True
             ).start()
             self.input = XInput(self.box.display)
-            self.grabber = X11Grabber(
+            self.grabber = ResizingGrabber(
                 self.slot, self.box.display, self.app.width, self.app.height, self.app.fps,
                 before=self.box.join_ipc,
             )  # fmt: skip
@@ -182,12 +202,20 @@ class SandboxedSource(Source):
     def pids(self) -> list[int]:
         return self.box.pids()
 
+    def resize(self, width: int, height: int) -> tuple[int, int] | None:
+        return _resize_display(self.box.display, self.grabber, self.box.framebuffer, width, height)
+
 
 def make_source(app: App, settings: Settings | None = None, name: str = "session") -> Source:
     """The source of ``app``: sandboxed unless FARM_SANDBOX=none (or no settings: tests of
     parts that start a display of the service's own)."""
     if not app.needs_display:
         return PatternSource(app)
-    if settings is None or settings.sandbox == "none":
+    if settings is None:
         return XAppSource(app)
+    framebuffer = largest(
+        app.width, app.height, settings.stream_resize_max_width, settings.stream_resize_max_height
+    )
+    if settings.sandbox == "none":
+        return XAppSource(app, framebuffer)
     return SandboxedSource(app, settings, name)

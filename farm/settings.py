@@ -265,6 +265,15 @@ class Settings:
     """FARM_STREAM_CAPTURE_RETRIES: times a session's capture that failed is started again
     (restarting its display when that died) before the session ends."""
 
+    # --- H7: stream session features (issue #18 items 3-4) ----------------------------------
+
+    stream_resize_max_width: int = 1920
+    """FARM_STREAM_RESIZE_MAX_WIDTH: the widest a viewer may resize a session's display to (its
+    Xvfb framebuffer; a session started wider keeps its own width as the limit)."""
+
+    stream_resize_max_height: int = 1080
+    """FARM_STREAM_RESIZE_MAX_HEIGHT: the tallest a viewer may resize a session's display to."""
+
     # --- H2: the Blender child's sandbox (issue #11 item 3) --------------------------------
 
     blender_memory_mib: int = 0
@@ -506,6 +515,9 @@ ENV: dict[str, tuple[str, type, float]] = {
     "stream_input_rate": ("FARM_STREAM_INPUT_RATE", float, 1.0),
     "stream_message_max_bytes": ("FARM_STREAM_MESSAGE_MAX_BYTES", int, 256),
     "stream_capture_retries": ("FARM_STREAM_CAPTURE_RETRIES", int, 0),
+    # H7: stream session features
+    "stream_resize_max_width": ("FARM_STREAM_RESIZE_MAX_WIDTH", int, 64),
+    "stream_resize_max_height": ("FARM_STREAM_RESIZE_MAX_HEIGHT", int, 64),
     # H2: the Blender child's sandbox
     "blender_memory_mib": ("FARM_BLENDER_MEMORY_MIB", int, 0),
     "blender_pids": ("FARM_BLENDER_PIDS", int, 0),

@@ -37,10 +37,13 @@
     },
     // the text an app of the session last copied (controlling viewer only)
     clipboard: null,
+    // the display size this viewer last asked for ([width, height] in device pixels)
+    askedSize: null,
     send,
     takeControl,
     leave,
     paste,
+    askResize,
   };
   window.tessera = tessera;
 
@@ -521,6 +524,28 @@
   function paste(text) {
     return inputAllowed() && send({ t: "clip", text: String(text) });
   }
+
+  // ------------------------------------------------------------------ resize
+
+  // The session's display follows the controlling viewer's picture area, in device pixels,
+  // asked for once the window stops changing (the service keeps it within its limit)
+  const RESIZE_SETTLE_MS = 250;
+  let resizeTimer = null;
+
+  function askResize() {
+    if (!inputAllowed()) return false;
+    const stage = $("stage");
+    const scale = window.devicePixelRatio || 1;
+    const w = Math.max(64, Math.floor((stage.clientWidth * scale) / 2) * 2);
+    const h = Math.max(64, Math.floor((stage.clientHeight * scale) / 2) * 2);
+    tessera.askedSize = [w, h];
+    return send({ t: "resize", w, h });
+  }
+
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(askResize, RESIZE_SETTLE_MS);
+  });
 
   window.addEventListener("paste", (event) => {
     if (!inputAllowed() || typingInForm(event) || !event.clipboardData) return;

@@ -1,6 +1,7 @@
 """Session features in a real headless Chromium against a running stream service and its
-player: the clipboard both ways (the controlling viewer only), read back from a probe app
-(encoder/probeapp.py) that reports what it receives."""
+player: the clipboard both ways (the controlling viewer only), the display resized to the
+player's size; read back from a probe app (encoder/probeapp.py) that reports what it
+receives."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from tests.encoder import tokens
 from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, end_session
 
 OPERATOR = tokens.operator()
+#: the largest a viewer may resize the test service's displays to
+MAX_SIZE = (1024, 576)
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium"),
@@ -62,6 +65,8 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
         cpu_encode_sessions=4,
         stream_grace_s=2.0,
         stream_secret=tokens.STREAM_SECRET,
+        stream_resize_max_width=MAX_SIZE[0],
+        stream_resize_max_height=MAX_SIZE[1],
     )
     with running(settings) as svc:
         yield svc
@@ -136,3 +141,32 @@ def _wait(done: Callable[[], bool], timeout_s: float = TIMEOUT_MS / 1000) -> Non
     while not done():
         assert time.monotonic() < deadline, "timed out"
         tick.wait(0.02)
+
+
+def test_the_display_takes_the_players_size_within_the_limit(
+    service: StreamService, page: Page
+) -> None:
+    _play_probe(service, page)
+    assert page.evaluate("[tessera.frameWidth, tessera.frameHeight]") == [320, 240]
+    # the window changes: the app's screen and the decoded video take the picture area's size
+    page.set_viewport_size({"width": 700, "height": 500})
+    page.wait_for_function("tessera.askedSize !== null", timeout=TIMEOUT_MS)
+    width, height = page.evaluate("tessera.askedSize")
+    assert (width, height) != (320, 240) and width <= MAX_SIZE[0] and height <= MAX_SIZE[1]
+    page.wait_for_function(
+        f"tessera.clipboard === 'size:{width}x{height}' && video.videoWidth === {width}"
+        f" && video.videoHeight === {height}",
+        timeout=TIMEOUT_MS,
+    )
+    # larger than the limit: the display stops at it
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    page.wait_for_function(
+        f"tessera.askedSize[0] > {MAX_SIZE[0]} && tessera.askedSize[1] > {MAX_SIZE[1]}",
+        timeout=TIMEOUT_MS,
+    )
+    page.wait_for_function(
+        f"tessera.clipboard === 'size:{MAX_SIZE[0]}x{MAX_SIZE[1]}'"
+        f" && video.videoWidth === {MAX_SIZE[0]} && video.videoHeight === {MAX_SIZE[1]}",
+        timeout=TIMEOUT_MS,
+    )
+    end_session(page, service)

@@ -114,7 +114,8 @@ def test_keys_move_the_sprite_only_for_the_controlling_viewer_and_end_stops_ever
             await spectator.send({"t": "mb", "b": 1, "d": True})
             await spectator.send({"t": "mb", "b": 1, "d": False})
             assert await sprite_where(spectator, lambda p: abs(p[0] - 60) <= 2) is not None
-            # a resize scales the video; the pointer still lands where the viewer points
+            # a resize makes the display that size (RandR); the pointer still lands where the
+            # viewer points
             await spectator.send({"t": "resize", "w": 160, "h": 120})
             deadline = time.monotonic() + 10
             while (await spectator.next_frame()).frame.width != 160:
