@@ -12,11 +12,12 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test lint bench example clean addon
+.PHONY: help setup demo test test-stack lint bench example clean addon
 
 help:
 	@echo "make demo     set up, then render the example scene through the embedded farm"
 	@echo "make test     set up, then ruff, mypy and the whole pytest suite"
+	@echo "make test-stack  build the images, drive docker-compose.yml end to end (podman or Docker)"
 	@echo "make setup    install what is missing (Debian packages, venv, pip packages)"
 	@echo "make lint     ruff and mypy only"
 	@echo "make bench    run every bench/*.py"
@@ -40,6 +41,11 @@ test: lint
 	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
 	exit $$rc
+
+# The container images built and docker-compose.yml driven end to end as a user would, then torn
+# down; prints each phase's time (deploy/stack/test-stack says what it needs and does).
+test-stack: setup
+	@VENV='$(VENV)' deploy/stack/test-stack
 
 bench: setup
 	@shopt -s nullglob; for bench in bench/*.py; do \
