@@ -92,6 +92,10 @@ class SandboxSpec:
     chdir: Path = HOME
     devices: tuple[Path, ...] = ()
     """Device nodes passed through (``/dev/nvidia0``); /dev otherwise holds only the basics."""
+    as_caller: bool = False
+    """Run as the caller's own uid, through a user namespace, even as root (no ``setpriv``): for
+    a local user's own files (``farm render FILE``), which the sandbox uid may not read. The
+    mounts and limits are the same; on the host the processes keep the caller's uid."""
 
 
 def runtime_binds(*packages: str) -> tuple[Bind, ...]:
@@ -471,7 +475,7 @@ def spawn(settings: Settings, spec: SandboxSpec, argv: Sequence[str], **popen: A
             preexec_fn=lambda: arm_parent_death_signal(signal.SIGKILL), **popen,
         )  # fmt: skip
         return Sandboxed(spec.name, proc, None)
-    as_root = os.geteuid() == 0
+    as_root = os.geteuid() == 0 and not spec.as_caller
     layout = cgroup_layout(settings.sandbox_cgroup)
     group = Cgroup.create(layout, f"{spec.name}-{uuid.uuid4().hex[:8]}", spec.limits)
     identity = _identity_files(spec)

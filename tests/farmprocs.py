@@ -28,6 +28,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _is_blender_child(cmdline: bytes) -> bool:
+    """The Blender child's Python process itself, not the sandbox (bwrap, setpriv) around it."""
+    argv0 = cmdline.split(b"\0", 1)[0].rsplit(b"/", 1)[-1]
+    return b"blender_child" in cmdline and argv0 not in (b"bwrap", b"setpriv")
+
+
 class WorkerProcess:
     """A real `farm worker` process against the test session's redis-server."""
 
@@ -56,7 +62,7 @@ class WorkerProcess:
             kids = [
                 p
                 for p in descendants(self.proc.pid)
-                if b"blender_child" in Path(f"/proc/{p}/cmdline").read_bytes()
+                if _is_blender_child(Path(f"/proc/{p}/cmdline").read_bytes())
             ]
             if kids:
                 return kids[0]

@@ -87,6 +87,7 @@ class BlenderChild(lifetime.ChildHandle):
         #: the project and file set the child serves (see ``use``); None until bound
         self.project: str | None = None
         self.root: Path | None = None
+        self.local = False
         #: times ``use`` stopped a running child to serve another project or file set
         self.switches = 0
 
@@ -208,14 +209,23 @@ class BlenderChild(lifetime.ChildHandle):
             gid=settings.sandbox_gid,
             chdir=self.work_dir,
             devices=devices,
+            as_caller=self.local,
         )
-        sandbox.owned_dir(self.work_dir, spec)
+        if self.local:
+            # read and written as the caller: an earlier child may have had it as the sandbox's
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                os.chown(self.work_dir, os.getuid(), os.getgid())
+        else:
+            sandbox.owned_dir(self.work_dir, spec)
         return spec
 
     def writable(self, folder: Path) -> Path:
         """``folder`` (inside the scratch folder) made, and writable by the sandboxed child."""
         folder.mkdir(parents=True, exist_ok=True)
-        if self.settings is not None and self.settings.sandbox != "none" and os.geteuid() == 0:
+        sandboxed = self.settings is not None and self.settings.sandbox != "none"
+        if sandboxed and not self.local and os.geteuid() == 0:
+            assert self.settings is not None
             os.chown(folder, self.settings.sandbox_uid, self.settings.sandbox_gid)
         return folder
 
@@ -285,21 +295,28 @@ class BlenderChild(lifetime.ChildHandle):
                     os.close(fd)
         self._cmd_fd = self._reply_fd = None
 
-    def use(self, project: str, root: Path) -> bool:
+    def use(self, project: str | None, root: Path, local: bool = False) -> bool:
         """Serve ``project``'s file set ``root`` (the job's .blend folder or unpacked zip).
 
         A child never serves two projects, nor two file sets: when either changes, the running
         child is stopped and the next request starts a fresh one, which sees only the new file
-        set. Returns whether the child was switched.
+        set. ``project`` None is an inspection that names none: its child has only opened that
+        file set's .blend, so a job of any project on the same files takes it over (a crash the
+        file causes is then its own job's); a child that served a project never goes back.
+        ``local``: the files are the caller's own on this machine (``farm render FILE``), read
+        as the caller (farm.sandbox's ``as_caller``). Returns whether the child was switched.
         """
         root = Path(root)
-        if (project, root) == (self.project, self.root):
+        if root == self.root and project == self.project:
+            return False
+        if root == self.root and self.project is None and project is not None:
+            self.project = project
             return False
         switched = self.alive
         if switched:
             self.stop()
             self.switches += 1
-        self.project, self.root = project, root
+        self.project, self.root, self.local = project, root, local
         return switched
 
     # --- operations ----------------------------------------------------------------------------

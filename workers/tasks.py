@@ -81,7 +81,7 @@ class WorkerContext:
             raise RenderError(f"{source.name} is not readable on worker {self.name}")
         return path
 
-    def prepare(self, source: BlendSource, project: str) -> Path:
+    def prepare(self, source: BlendSource, project: str | None) -> Path:
         """The .blend of ``source``, with the Blender child serving ``project``'s file set.
 
         The child never serves two projects (nor two file sets): a crash one project's file
@@ -92,7 +92,7 @@ class WorkerContext:
         if root.stat().st_mode & 0o005 != 0o005 and root.is_relative_to(self.settings.work_dir):
             # the cache's unpacked zip was made by mkdtemp (0700): the sandbox's user reads it
             root.chmod(0o755)
-        if self.child.use(project, root):
+        if self.child.use(project, root, local=source.kind == "path"):
             log.info("event=child_switch worker=%s project=%s sha256=%s", self.name, project,
                      source.sha256)  # fmt: skip
         return path
@@ -149,12 +149,12 @@ PUBLIC_FIELDS = frozenset({"reason", "signal", "exit_code", "timeout_s"})
 def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> None:
     """Open the .blend with scripts off and push the report (or the error) onto ``reply_key``.
 
-    ``project`` asked for it (empty from older callers: a project of its own).
+    ``project`` asked for it (empty: none named; see BlenderChild.use).
     """
     ctx = context()
     src = BlendSource.from_dict(source)
     try:
-        path = ctx.prepare(src, project or f"inspection:{src.sha256}")
+        path = ctx.prepare(src, project or None)
         report = ctx.child.inspect(path, ctx.settings.inspect_timeout_s)
         reply: dict[str, Any] = {"ok": True, "report": report}
     except FarmError as exc:
