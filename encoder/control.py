@@ -17,7 +17,7 @@ from farm.errors import BadParameter
 log = logging.getLogger("tessera.stream")
 
 #: data-channel messages that drive the session (everything but ping needs control)
-INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize", "clip"})
+INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize", "clip", "record"})
 
 
 class InputControl:
@@ -27,6 +27,8 @@ class InputControl:
     pixels); ``resize`` asks for another size: it gives the display's new size, or None where
     only the video was scaled (no display). ``send`` gives a viewer a message:
     the controlling viewer gets ``{"t": "clip", "text": ...}`` whenever an app copies text.
+    ``record`` starts or stops the session's recording, ``recording`` says whether it runs
+    (every viewer's pong carries it, so a viewer joining later is told too).
     """
 
     def __init__(
@@ -37,10 +39,12 @@ class InputControl:
         video_size: Callable[[], tuple[int, int]],
         resize: Callable[[int, int], tuple[int, int] | None],
         send: Callable[[str, dict[str, Any]], None] | None = None,
+        record: Callable[[bool], None] | None = None,
+        recording: Callable[[], bool] | None = None,
     ) -> None:
         self.session_id, self.app = session_id, app
         self.target, self.video_size, self.resize = target, video_size, resize
-        self.send = send
+        self.send, self.record, self.recording = send, record, recording
         self.controller: str | None = None
         self.denied = 0
         self.clipboard: Clipboard | None = None
@@ -107,7 +111,8 @@ class InputControl:
         """Apply one data-channel message; the reply to send back, if any."""
         kind = message.get("t")
         if kind == "ping":
-            return {"t": "pong", "ts": message.get("ts")}
+            recording = self.recording is not None and self.recording()
+            return {"t": "pong", "ts": message.get("ts"), "rec": recording}
         if kind not in INPUT_TYPES:
             return None
         if viewer_id != self.controller:
@@ -123,6 +128,10 @@ class InputControl:
         return None
 
     def _apply(self, kind: str, m: dict[str, Any]) -> None:
+        if kind == "record":
+            if self.record is not None:
+                self.record(m["on"] is True)
+            return
         if kind == "clip":
             text = m["text"]
             if not isinstance(text, str):

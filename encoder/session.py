@@ -18,6 +18,7 @@ from encoder.control import InputControl
 from encoder.messages import RateLimit, Rejected, parse
 from encoder.peers import Viewer
 from encoder.pipeline import EncodedFrame, Pipeline
+from encoder.recording import Recording, recording_key
 from encoder.source import Source, make_source
 from encoder.videoencoder import EncoderConfig, VideoEncoder, open_encoder, start_bitrate
 from encoder.wsviewer import WsViewer
@@ -26,6 +27,7 @@ from farm.devices import Device
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
 from farm.settings import Settings
 from farm.slots import Lease, SlotAllocator
+from farm.storage import farm_storage
 
 log = logging.getLogger("tessera.stream")
 
@@ -87,8 +89,12 @@ class StreamSession:
         self.pipeline: Pipeline | None = None
         self.control = InputControl(
             self.id, app, lambda: self.source.input, self._video_size, self._resize,
-            send=self._send_to,
+            send=self._send_to, record=self.record, recording=lambda: self.recording is not None,
         )  # fmt: skip
+        #: the MP4 being written while the controlling viewer records (encoder/recording.py)
+        self.recording: Recording | None = None
+        #: the stored recordings: key and frames of each
+        self.recorded: list[dict[str, Any]] = []
         self.frames_out = 0
         self.keyframes_out = 0
         self.ended = asyncio.Event()
@@ -199,6 +205,9 @@ class StreamSession:
         if pipeline is not None:
             await asyncio.to_thread(pipeline.stop)
         await asyncio.to_thread(self.source.stop)
+        if self.recording is not None:
+            recording, self.recording = self.recording, None
+            await self._store(recording)
         try:
             await asyncio.to_thread(self.allocator.release, self.lease)
         except FarmError as exc:
@@ -380,6 +389,41 @@ class StreamSession:
             self.keyframes_out += 1
         for viewer in self.viewers.values():
             viewer.track.push(frame.packet, frame.keyframe)
+        if self.recording is not None:
+            self.recording.write(frame.packet, frame.keyframe, self._video_size())
+
+    def record(self, on: bool) -> None:
+        """Start or stop recording (the controlling viewer asked); every viewer is told."""
+        if on and self.recording is None and self.state is SessionState.RUNNING:
+            folder = self.settings.work_dir / "recordings"
+            folder.mkdir(parents=True, exist_ok=True)
+            width, height = self._video_size()
+            part = len(self.recorded) + 1
+            path = folder / f"{self.id}-{part}.mp4"
+            self.recording = Recording(path, width, height, self.app.fps)
+            self.request_keyframe()
+        elif not on and self.recording is not None:
+            self._spawn(self._store(self.recording))
+            self.recording = None
+        else:
+            return
+        log.info("event=recording session=%s on=%s", self.id, on)
+        for viewer in self.viewers.values():
+            viewer.send({"t": "recording", "on": on})
+
+    async def _store(self, recording: Recording) -> None:
+        """Store a finished recording under the session's project's prefix."""
+        name = recording.path.stem
+        key = recording_key(self.project, name)
+        try:
+            stored = await asyncio.to_thread(recording.store, farm_storage(self.settings), key)
+        except FarmError as exc:
+            log.warning("event=recording_not_stored session=%s error=%r", self.id, exc.message)
+            return
+        if stored is not None:
+            self.recorded.append({"key": stored, "frames": recording.frames})
+            log.info("event=recording_stored session=%s key=%s frames=%d", self.id, stored,
+                     recording.frames)  # fmt: skip
 
     def request_keyframe(self) -> None:
         if self.pipeline is not None:
@@ -437,6 +481,8 @@ class StreamSession:
             "owner": self.owner,
             "lease": {"id": self.lease.id, "token": self.lease.token},
             "stats": self.stats(),
+            "recording": self.recording is not None,
+            "recordings": self.recorded,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -39,11 +39,14 @@
     clipboard: null,
     // the display size this viewer last asked for ([width, height] in device pixels)
     askedSize: null,
+    // the session is being recorded (every viewer is told)
+    recording: false,
     send,
     takeControl,
     leave,
     paste,
     askResize,
+    record,
   };
   window.tessera = tessera;
 
@@ -104,6 +107,7 @@
     $("s-role").textContent = tessera.controlling ? "player (in control)" : "spectator";
     $("control").hidden = tessera.controlling;
     $("lock").hidden = !tessera.controlling;
+    $("record").hidden = !tessera.controlling;
     video.classList.toggle("controlling", tessera.controlling);
     if (!tessera.controlling) releaseAll();
   }
@@ -500,11 +504,14 @@
     try { msg = JSON.parse(event.data); } catch (e) { return; }
     if (msg.t === "pong") {
       tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
+      if (typeof msg.rec === "boolean") setRecording(msg.rec);
       if (typeof msg.service_ms === "number") tessera.stats.service_ms = msg.service_ms;
     } else if (msg.t === "denied") {
       if (tessera.controlling) setRole("spectator");
     } else if (msg.t === "control" || msg.t === "role") {
       setRole(msg.controlling || msg.role === "player" ? "player" : "spectator");
+    } else if (msg.t === "recording") {
+      setRecording(msg.on === true);
     } else if (msg.t === "clip" && typeof msg.text === "string") {
       copied(msg.text);
     }
@@ -523,6 +530,20 @@
   // Text for the session's apps to paste (what the user pasted into the page)
   function paste(text) {
     return inputAllowed() && send({ t: "clip", text: String(text) });
+  }
+
+  // ------------------------------------------------------------------ recording
+
+  // Recording is announced on every viewer's picture; the controlling viewer starts and stops it
+  function setRecording(on) {
+    tessera.recording = on;
+    $("rec").hidden = !on;
+    $("record").textContent = on ? "Stop recording" : "Record";
+    $("record").setAttribute("aria-pressed", String(on));
+  }
+
+  function record(on) {
+    return inputAllowed() && send({ t: "record", on: Boolean(on) });
   }
 
   // ------------------------------------------------------------------ resize
@@ -794,6 +815,7 @@
 
   $("start").addEventListener("submit", startSession);
   $("control").addEventListener("click", takeControl);
+  $("record").addEventListener("click", () => record(!tessera.recording));
   $("latency-toggle").addEventListener("click", () => showLatency(!latency.on));
   if (params.get("latency") === "1") showLatency(true);
   $("leave").addEventListener("click", () => leave(false));

@@ -1,7 +1,7 @@
 """Session features in a real headless Chromium against a running stream service and its
 player: the clipboard both ways (the controlling viewer only), the display resized to the
-player's size; read back from a probe app (encoder/probeapp.py) that reports what it
-receives."""
+player's size (read back from a probe app, encoder/probeapp.py, that reports what it
+receives), recording to the project's storage."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import av
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
@@ -60,6 +61,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
     settings = Settings().with_(
         redis_url=redis_server.url.rsplit("/", 1)[0] + "/2",
         work_dir=work,
+        storage_dir=work / "storage",
         stream_port=0,
         stream_apps=apps,
         cpu_encode_sessions=4,
@@ -170,3 +172,48 @@ def test_the_display_takes_the_players_size_within_the_limit(
         timeout=TIMEOUT_MS,
     )
     end_session(page, service)
+
+
+def test_a_recording_is_announced_and_stored_playable_with_every_frame(
+    service: StreamService, browser: Browser, page: Page
+) -> None:
+    sid = _play_probe(service, page)
+    session = service.sessions[sid]
+    spectator = browser.new_page(viewport={"width": 640, "height": 480})
+    try:
+        spectator.goto(
+            f"{service.url}/player?session={sid}&role=spectator&token={tokens.viewer(sid)}"
+        )
+        spectator.wait_for_function(
+            "window.tessera && tessera.role === 'spectator' && tessera.stats.frames_decoded > 0",
+            timeout=TIMEOUT_MS,
+        )
+        assert spectator.is_hidden("#record") and page.is_visible("#record")
+        # opt-in: nothing records until the controlling viewer asks; then everyone is told
+        assert session.recording is None and not page.evaluate("tessera.recording")
+        page.click("#record")
+        for viewer in (page, spectator):
+            viewer.wait_for_function("tessera.recording", timeout=TIMEOUT_MS)
+            assert viewer.is_visible("#rec")
+        assert spectator.evaluate("tessera.record(false)") is False
+        _wait(lambda: session.recording is not None and session.recording.frames >= 20)
+        page.click("#record")
+        for viewer in (page, spectator):
+            viewer.wait_for_function("!tessera.recording", timeout=TIMEOUT_MS)
+            assert viewer.is_hidden("#rec")
+        _wait(lambda: len(session.recorded) == 1)
+        # a second recording runs until the session ends, and is stored then
+        page.click("#record")
+        _wait(lambda: session.recording is not None and session.recording.frames >= 10)
+    finally:
+        spectator.close(run_before_unload=True)
+    end_session(page, service)
+    assert len(session.recorded) == 2
+    storage = service.settings.storage_dir
+    for stored in session.recorded:
+        assert stored["key"].startswith(f"projects/{session.project or '_'}/recordings/{sid}")
+        with av.open(str(storage / stored["key"])) as container:
+            stream = container.streams.video[0]
+            frames = list(container.decode(stream))
+        assert len(frames) == stored["frames"]
+        assert (frames[0].width, frames[0].height) == (320, 240)
