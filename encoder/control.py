@@ -11,13 +11,14 @@ from typing import Any
 
 from encoder.catalog import App, check_geometry
 from encoder.clipboard import Clipboard, NoClipboard
+from encoder.gamepad import MAX_PADS, PadState, UinputPad, open_pad
 from encoder.xinput import XInput
 from farm.errors import BadParameter
 
 log = logging.getLogger("tessera.stream")
 
 #: data-channel messages that drive the session (everything but ping needs control)
-INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize", "clip", "record"})
+INPUT_TYPES = frozenset({"mm", "mb", "wh", "kd", "ku", "resize", "clip", "record", "gp"})
 
 
 class InputControl:
@@ -48,6 +49,10 @@ class InputControl:
         self.controller: str | None = None
         self.denied = 0
         self.clipboard: Clipboard | None = None
+        #: each gamepad's last state from the controlling viewer, by its Gamepad API index
+        self.pads: dict[int, PadState] = {}
+        #: each gamepad's virtual controller (None where the host has no uinput)
+        self.uinput: dict[int, UinputPad | None] = {}
         #: the size of the display the pointer moves on
         self.screen = (app.width, app.height)
 
@@ -72,7 +77,9 @@ class InputControl:
             log.info("event=control_handed session=%s viewer=%s", self.session_id, viewer_id)
 
     def release_all(self) -> None:
-        """Let go of whatever the previous controller held (no stuck keys)."""
+        """Let go of whatever the previous controller held (no stuck keys or buttons)."""
+        for index in list(self.pads):
+            self._pad(index, PadState((), ()))
         target = self.target()
         if target is not None:
             with contextlib.suppress(Exception):
@@ -102,10 +109,23 @@ class InputControl:
             self.send(self.controller, {"t": "clip", "text": text})
 
     def close(self) -> None:
-        """Stop sharing the clipboard (the session ends)."""
+        """Stop sharing the clipboard and remove the virtual pads (the session ends)."""
         if self.clipboard is not None:
             self.clipboard.close()
             self.clipboard = None
+        for pad in self.uinput.values():
+            if pad is not None:
+                pad.close()
+        self.uinput.clear()
+
+    def _pad(self, index: int, state: PadState) -> None:
+        self.pads[index] = state
+        if index not in self.uinput:
+            # the real controller where the host has uinput; else only the state is kept
+            self.uinput[index] = open_pad(index)
+        pad = self.uinput[index]
+        if pad is not None:
+            pad.apply(state)
 
     def handle(self, viewer_id: str, message: dict[str, Any]) -> dict[str, Any] | None:
         """Apply one data-channel message; the reply to send back, if any."""
@@ -128,6 +148,12 @@ class InputControl:
         return None
 
     def _apply(self, kind: str, m: dict[str, Any]) -> None:
+        if kind == "gp":
+            index = int(m.get("i", 0))
+            if not 0 <= index < MAX_PADS:
+                raise ValueError(f"gamepad index {index} is not 0 to {MAX_PADS - 1}")
+            self._pad(index, PadState.parse(m))
+            return
         if kind == "record":
             if self.record is not None:
                 self.record(m["on"] is True)

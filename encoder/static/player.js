@@ -41,6 +41,8 @@
     askedSize: null,
     // the session is being recorded (every viewer is told)
     recording: false,
+    // gamepad states sent (the controlling viewer's pads, Gamepad API standard mapping)
+    gamepadsSent: 0,
     send,
     takeControl,
     leave,
@@ -531,6 +533,42 @@
   function paste(text) {
     return inputAllowed() && send({ t: "clip", text: String(text) });
   }
+
+  // ------------------------------------------------------------------ gamepads
+
+  // The controlling viewer's pads are read every frame while any is connected; a pad's state
+  // goes out when it changes (buttons 0..1, axes -1..1, standard mapping)
+  const PAD_POLL_MS = 16;
+  const lastPad = new Map();
+  let padTimer = null;
+
+  function pollPads() {
+    const pads = navigator.getGamepads ? Array.from(navigator.getGamepads()) : [];
+    if (!pads.some((pad) => pad)) {
+      clearInterval(padTimer);
+      padTimer = null;
+      return;
+    }
+    if (!inputAllowed()) return;
+    for (const pad of pads) {
+      if (!pad || pad.index > 3) continue;
+      const message = {
+        t: "gp",
+        i: pad.index,
+        b: Array.from(pad.buttons, (button) => round(button.value, 3)),
+        a: Array.from(pad.axes, (axis) => round(axis, 3)),
+      };
+      const text = JSON.stringify(message);
+      if (lastPad.get(pad.index) !== text && send(message)) {
+        lastPad.set(pad.index, text);
+        tessera.gamepadsSent += 1;
+      }
+    }
+  }
+
+  window.addEventListener("gamepadconnected", () => {
+    if (padTimer === null) padTimer = setInterval(pollPads, PAD_POLL_MS);
+  });
 
   // ------------------------------------------------------------------ recording
 

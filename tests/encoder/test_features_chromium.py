@@ -1,7 +1,8 @@
 """Session features in a real headless Chromium against a running stream service and its
 player: the clipboard both ways (the controlling viewer only), the display resized to the
 player's size (read back from a probe app, encoder/probeapp.py, that reports what it
-receives), recording to the project's storage."""
+receives), recording to the project's storage, gamepads from the page to the service (this
+headless Chromium has no pad: the page's Gamepad API is given one)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import av
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from encoder.gamepad import UINPUT, PadState
 from encoder.service import StreamService, running
 from farm.settings import Settings
 from tests.encoder import tokens
@@ -49,6 +51,28 @@ RECORD_CLIPS_JS = """
     set(text) { value = text; window.clips.push(text); },
   });
 }
+"""
+
+#: a pad plugged into the page: the Gamepad API's standard mapping, moved by window.movePad
+FAKE_PAD_JS = """
+(() => {
+  const pad = {
+    index: 0, id: "Test pad (STANDARD GAMEPAD)", mapping: "standard", connected: true,
+    buttons: Array.from({ length: 17 }, () => ({ pressed: false, touched: false, value: 0 })),
+    axes: [0, 0, 0, 0], timestamp: 0,
+  };
+  navigator.getGamepads = () => [pad, null, null, null];
+  window.movePad = (button, axis0) => {
+    pad.buttons[button] = { pressed: true, touched: true, value: 1 };
+    pad.axes[0] = axis0;
+    pad.timestamp += 1;
+  };
+  window.plugPad = () => {
+    const event = new Event("gamepadconnected");
+    event.gamepad = pad;
+    window.dispatchEvent(event);
+  };
+})();
 """
 
 
@@ -217,3 +241,21 @@ def test_a_recording_is_announced_and_stored_playable_with_every_frame(
             frames = list(container.decode(stream))
         assert len(frames) == stored["frames"]
         assert (frames[0].width, frames[0].height) == (320, 240)
+
+
+def test_the_controlling_viewers_gamepad_reaches_the_session(
+    service: StreamService, page: Page
+) -> None:
+    page.add_init_script(FAKE_PAD_JS)
+    sid = _play_probe(service, page)
+    control = service.sessions[sid].control
+    page.evaluate("window.plugPad()")
+    page.wait_for_function("tessera.gamepadsSent >= 1", timeout=TIMEOUT_MS)
+    page.evaluate("window.movePad(0, -0.5)")  # A pressed, left stick half left
+    page.wait_for_function("tessera.gamepadsSent >= 2", timeout=TIMEOUT_MS)
+    _wait(lambda: 0 in control.pads and control.pads[0].buttons[:1] == (1.0,))
+    want = PadState((1.0,) + (0.0,) * 16, (-0.5, 0.0, 0.0, 0.0))
+    assert control.pads[0] == want
+    # the virtual controller is made where the host has uinput (this one may not)
+    assert (control.uinput[0] is not None) == UINPUT.exists()
+    end_session(page, service)
