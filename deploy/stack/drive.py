@@ -286,12 +286,23 @@ def bring_up(stack: Stack) -> None:
         raise StackError(f"minio-init exited {code}:\n{stack.logs('minio-init')}")
 
 
-def create_token(stack: Stack) -> str:
+def create_token(stack: Stack, user: str, role: str) -> str:
     out = stack.exec(
-        "web", "farm", "token", "create", "--user", "stack-test", "--project", PROJECT,
-        "--role", "member", "--json",
+        "web", "farm", "token", "create", "--user", user, "--project", PROJECT,
+        "--role", role, "--json",
     )  # fmt: skip
     return str(json.loads(out)["token"])
+
+
+#: counts the stream container's zombie processes (state Z in /proc/PID/stat)
+ZOMBIES = (
+    "import os\n"
+    "n = 0\n"
+    "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try: n += open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'\n"
+    "    except OSError: pass\n"
+    "print(n)"
+)
 
 
 def upload(api: Api, blend: Path) -> str:
@@ -396,15 +407,16 @@ def check_frames(api: Api, job_id: str, frames: list[int], scratch: Path, public
     print(f"stack:   {len(frames)} frames bit-exact with plain bpy renders", flush=True)
 
 
-def stream_session(api: Api) -> None:
+def stream_session(api: Api, app: str) -> None:
+    """Starts a session of ``app`` through the web, waits until it runs, ends it."""
     apps = api.request("GET", "/api/streams/apps")
     names = {a["name"] for a in (apps["apps"] if isinstance(apps, dict) else apps)}
-    if "testpattern" not in names:
-        raise StackError(f"the stream catalog lacks testpattern: {sorted(names)}")
+    if app not in names:
+        raise StackError(f"the stream catalog lacks {app}: {sorted(names)}")
     made = api.request(
         "POST",
         "/api/streams/sessions",
-        body={"project": PROJECT, "app": "testpattern", "width": 640, "height": 360, "fps": 15},
+        body={"project": PROJECT, "app": app, "width": 640, "height": 360, "fps": 15},
     )
     sid = made["session_id"]
 
@@ -416,16 +428,31 @@ def stream_session(api: Api) -> None:
         return info if state == "running" else None
 
     info = wait_for(f"stream session {sid} running", encoding, STREAM_TIMEOUT_S)
-    print(f"stack:   stream session {sid} running ({info.get('encoder', {})})", flush=True)
+    print(f"stack:   {app} session {sid} running ({info.get('encoder', {})})", flush=True)
     api.request("DELETE", f"/api/streams/sessions/{sid}")
+
+    def gone() -> bool:
+        info = api.request("GET", f"/api/streams/sessions/{sid}", expect=(200, 404)) or {}
+        return "error" in info or str(info.get("state", "")) == "ended"
+
+    wait_for(f"stream session {sid} gone", gone, STREAM_TIMEOUT_S)
+
+
+def no_zombies(stack: Stack) -> None:
+    """Ended sessions leave no zombie under the stream container's PID 1 (tini reaps them)."""
+    count = int(stack.exec("stream", "python", "-c", ZOMBIES).strip())
+    if count:
+        raise StackError(f"{count} zombie processes in the stream container after sessions ended")
+    print("stack:   no zombie processes in the stream container", flush=True)
 
 
 def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path) -> None:
     with phase("compose up, services healthy"):
         bring_up(stack)
     with phase("token (farm token create in the web container)"):
-        token = create_token(stack)
-        api = Api(web_url, token)
+        api = Api(web_url, create_token(stack, "stack-test", "member"))
+        # desktop apps (a shell) are for project admins only
+        admin = Api(web_url, create_token(stack, "stack-admin", "admin"))
         me = api.request("GET", "/api/me")
         print(f"stack:   signed in as {me.get('user')}", flush=True)
     with phase("upload and inspection"):
@@ -457,8 +484,10 @@ def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path) -> None:
         print(f"stack:   job {job_id} done: {tiles_done(detail)} tiles", flush=True)
     with phase("frames downloaded by their links, compared with plain bpy renders"):
         check_frames(api, job_id, frames, scratch, public_s3)
-    with phase("stream session through the web"):
-        stream_session(api)
+    with phase("stream sessions through the web (testpattern, desktop), no zombies left"):
+        stream_session(api, "testpattern")
+        stream_session(admin, "desktop")
+        no_zombies(stack)
 
 
 def main() -> int:
