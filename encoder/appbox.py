@@ -63,16 +63,20 @@ def limits(settings: Settings, app: App) -> Limits:
 
 
 def session_spec(
-    settings: Settings, app: App, x11_dir: Path, display: int, name: str
+    settings: Settings, app: App, x11_dir: Path, display: int, name: str, home: Path | None = None
 ) -> SandboxSpec:
-    """The sandbox a session's display and app run in (the security tests run probes in it)."""
+    """The sandbox a session's display and app run in (the security tests run probes in it);
+    ``home``, a host folder, is its home folder (the session's files come and go there)."""
     ro = sandbox.runtime_binds("encoder")
     if app.network:
         ro += sandbox.network_binds()
+    rw: tuple[tuple[Path, Path], ...] = ((x11_dir, X11_DIR),)
+    if home is not None:
+        rw += ((home, sandbox.HOME),)
     return SandboxSpec(
         name=name,
         ro_binds=ro,
-        rw_binds=((x11_dir, X11_DIR),),
+        rw_binds=rw,
         env={"DISPLAY": f":{display}", APP_MARK: str(os.getpid())},
         network=app.network,
         limits=limits(settings, app),
@@ -128,6 +132,8 @@ class SandboxedApp:
         self._lock: Path | None = None
         self._dir: Path | None = None
         self._link: Path | None = None
+        #: the session's home folder on the host (owned by the sandbox's uid), once started
+        self.home: Path | None = None
         #: the largest the display may be resized to (Xvfb's framebuffer)
         self.framebuffer = largest(
             app.width, app.height, settings.stream_resize_max_width,
@@ -148,7 +154,7 @@ class SandboxedApp:
 
     def spec(self) -> SandboxSpec:
         assert self._dir is not None and self.number is not None
-        return session_spec(self.settings, self.app, self._dir, self.number, self.name)
+        return session_spec(self.settings, self.app, self._dir, self.number, self.name, self.home)
 
     def start(self) -> None:
         try:
@@ -156,8 +162,12 @@ class SandboxedApp:
             # a root-only parent keeps host users other than the service off the socket
             SOCKETS.mkdir(mode=0o700, exist_ok=True)
             self._dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=SOCKETS))
+            homes = self.settings.work_dir / "stream-homes"
+            homes.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=homes))
             spec = self.spec()
             sandbox.owned_dir(self._dir, spec)
+            sandbox.owned_dir(self.home, spec)
             self._link = X11_DIR / f"X{self.number}"
             self._link.symlink_to(self._dir / f"X{self.number}")
             ready_r, ready_w = os.pipe()
@@ -234,7 +244,8 @@ class SandboxedApp:
             if path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-        self._link = self._lock = self._dir = None
+        for folder in (self._dir, self.home):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+        self._link = self._lock = self._dir = self.home = None
         self.number = None

@@ -1,5 +1,7 @@
 """A test app that says what it receives, over the display's clipboard: text pasted to it comes
-back as ``echo:<text>``, and a new screen size (RandR) as ``size:<width>x<height>``.
+back as ``echo:<text>`` (after writing a file in its home for ``file:<name>=<text>``, or a
+link for ``link:<name>=<target>``), and a new screen size (RandR) as
+``size:<width>x<height>``.
 
 It also fills its screen with one colour, so the video shows where the screen ends. Run it
 with ``python -m encoder.probeapp`` and DISPLAY set.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 
 from Xlib import X, display, error
 
@@ -27,8 +30,16 @@ def main() -> int:
         clipboard: Clipboard | None = None
 
         def heard(text: str) -> None:
-            if clipboard is not None and not text.startswith(REPORTS):
-                clipboard.paste(f"echo:{text}")
+            if clipboard is None or text.startswith(REPORTS):
+                return
+            command, _, arg = text.partition(":")
+            name, _, value = arg.partition("=")
+            # "file:NAME=TEXT" writes a file in the app's home, "link:NAME=TARGET" a link there
+            if command == "file" and name:
+                (Path.home() / name).write_text(value)
+            elif command == "link" and name:
+                (Path.home() / name).symlink_to(value)
+            clipboard.paste(f"echo:{text}")
 
         clipboard = Clipboard(disp.get_display_name(), heard, name="probe-clipboard").start()
         root = screen.root

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import quote
 
 from aiohttp import web
 
+from encoder.files import Home
 from encoder.observe import StreamMetrics
 from encoder.turn import ice_servers
 from farm import metrics, streamauth
@@ -20,6 +24,7 @@ from farm.errors import (
     NoCapacity,
     NotFound,
     StreamError,
+    TooLarge,
     Unauthorized,
 )
 from farm.streamauth import StreamClaims, require_controller, require_session
@@ -57,6 +62,8 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(403, exc.code, exc.message, **_plain(exc.fields))
     except NotFound as exc:
         return _error(404, exc.code, exc.message, **_plain(exc.fields))
+    except TooLarge as exc:
+        return _error(413, exc.code, exc.message, **_plain(exc.fields))
     except InputError as exc:
         return _error(400, exc.code, exc.message, **_plain(exc.fields))
     except StreamError as exc:
@@ -244,6 +251,43 @@ async def control(request: web.Request) -> web.Response:
     return web.json_response(session.to_json())
 
 
+def _home(request: web.Request) -> Home:
+    """The home folder of the URL's session: its controlling viewers' tokens only (H7)."""
+    session = request.app[SERVICE].session(_session_of(request, controller=True))
+    home = session.source.home
+    if home is None:
+        raise NotFound(f"session {session.id} has no home folder (its app is not sandboxed)")
+    s = request.app[SERVICE].settings
+    return Home(home, s.sandbox_uid, s.sandbox_gid, s.stream_file_max_mib << 20)
+
+
+async def list_files(request: web.Request) -> web.Response:
+    return web.json_response({"files": await asyncio.to_thread(_home(request).list)})
+
+
+async def download_file(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    fd, size = _home(request).open(name)
+    with os.fdopen(fd, "rb") as f:
+        response = web.StreamResponse(headers={
+            "Content-Type": "application/octet-stream", "Content-Length": str(size),
+            "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name)}",
+        })  # fmt: skip
+        await response.prepare(request)
+        while chunk := await asyncio.to_thread(f.read, 1 << 16):
+            await response.write(chunk)
+        await response.write_eof()
+    return response
+
+
+async def upload_file(request: web.Request) -> web.Response:
+    home, name = _home(request), request.match_info["name"]
+    if (request.content_length or 0) > home.max_bytes:
+        raise TooLarge(f"the file is over the session's upload limit of {home.max_bytes} bytes")
+    size = await home.write(name, request.content.iter_chunked(1 << 16))
+    return web.json_response({"name": name, "size": size}, status=201)
+
+
 async def ice(request: web.Request) -> web.Response:
     user = request.query.get("user", "viewer")
     return web.json_response({"iceServers": ice_servers(request.app[SERVICE].settings, user)})
@@ -299,6 +343,9 @@ def create_app(service: StreamService) -> web.Application:
             web.delete("/api/streams/sessions/{sid}/viewers/{vid}", remove_viewer),
             web.get("/api/streams/sessions/{sid}/ws", ws_viewer),
             web.post("/api/streams/sessions/{sid}/control", control),
+            web.get("/api/streams/sessions/{sid}/files", list_files),
+            web.get("/api/streams/sessions/{sid}/files/{name}", download_file),
+            web.put("/api/streams/sessions/{sid}/files/{name}", upload_file),
             web.get("/metrics", metrics_view),
             web.get("/player", _static("player.html")),
             web.get("/player.js", _static("player.js")),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from encoder.appbox import SandboxedApp
 from encoder.capture import FrameSlot, Grabber, PatternGrabber
@@ -49,6 +50,11 @@ class Source:
     def pids(self) -> list[int]:
         """The processes this source started (the tests check none outlives the session)."""
         return []
+
+    @property
+    def home(self) -> Path | None:
+        """The session's home folder on the host, where files are exchanged (None: none)."""
+        return None
 
     def resize(self, width: int, height: int) -> tuple[int, int] | None:
         """Make the display ``width`` x ``height`` (within its framebuffer); the size it now
@@ -204,6 +210,10 @@ class SandboxedSource(Source):
 
     def resize(self, width: int, height: int) -> tuple[int, int] | None:
         return _resize_display(self.box.display, self.grabber, self.box.framebuffer, width, height)
+
+    @property
+    def home(self) -> Path | None:
+        return self.box.home
 
 
 def make_source(app: App, settings: Settings | None = None, name: str = "session") -> Source:

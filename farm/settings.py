@@ -274,6 +274,9 @@ class Settings:
     stream_resize_max_height: int = 1080
     """FARM_STREAM_RESIZE_MAX_HEIGHT: the tallest a viewer may resize a session's display to."""
 
+    stream_file_max_mib: int = 256
+    """FARM_STREAM_FILE_MAX_MIB: the largest file a viewer may upload into a session's home."""
+
     # --- H2: the Blender child's sandbox (issue #11 item 3) --------------------------------
 
     blender_memory_mib: int = 0
@@ -518,6 +521,7 @@ ENV: dict[str, tuple[str, type, float]] = {
     # H7: stream session features
     "stream_resize_max_width": ("FARM_STREAM_RESIZE_MAX_WIDTH", int, 64),
     "stream_resize_max_height": ("FARM_STREAM_RESIZE_MAX_HEIGHT", int, 64),
+    "stream_file_max_mib": ("FARM_STREAM_FILE_MAX_MIB", int, 1),
     # H2: the Blender child's sandbox
     "blender_memory_mib": ("FARM_BLENDER_MEMORY_MIB", int, 0),
     "blender_pids": ("FARM_BLENDER_PIDS", int, 0),

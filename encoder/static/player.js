@@ -43,12 +43,17 @@
     recording: false,
     // gamepad states sent (the controlling viewer's pads, Gamepad API standard mapping)
     gamepadsSent: 0,
+    // the files of the session's home folder (controlling viewer): [{name, size}]
+    files: null,
     send,
     takeControl,
     leave,
     paste,
     askResize,
     record,
+    listFiles,
+    uploadFile,
+    download,
   };
   window.tessera = tessera;
 
@@ -110,6 +115,8 @@
     $("control").hidden = tessera.controlling;
     $("lock").hidden = !tessera.controlling;
     $("record").hidden = !tessera.controlling;
+    $("files").hidden = !tessera.controlling;
+    if (tessera.controlling) listFiles().catch(() => {});
     video.classList.toggle("controlling", tessera.controlling);
     if (!tessera.controlling) releaseAll();
   }
@@ -568,6 +575,62 @@
 
   window.addEventListener("gamepadconnected", () => {
     if (padTimer === null) padTimer = setInterval(pollPads, PAD_POLL_MS);
+  });
+
+  // ------------------------------------------------------------------ files
+
+  // The session's home folder, for its controlling viewer: upload into it, download from it
+  function filesPath(name) {
+    const base = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/files`;
+    return name === undefined ? base : `${base}/${encodeURIComponent(name)}`;
+  }
+
+  async function listFiles() {
+    const data = await call("GET", filesPath());
+    tessera.files = data.files;
+    const list = $("file-list");
+    list.replaceChildren(...data.files.map((file) => {
+      const item = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = file.name;
+      button.title = `Download ${file.name} (${file.size} bytes)`;
+      button.addEventListener("click", () => saveFile(file.name).catch(showError));
+      item.append(button);
+      return item;
+    }));
+    return data.files;
+  }
+
+  async function uploadFile(file) {
+    const resp = await fetch(api + filesPath(file.name), {
+      method: "PUT", headers: { ...auth }, credentials: "same-origin", body: file,
+    });
+    if (!resp.ok) {
+      let err = {};
+      try { err = (await resp.json()).error || {}; } catch (e) { /* not JSON */ }
+      throw new Error(err.message || `upload failed: HTTP ${resp.status}`);
+    }
+    return listFiles();
+  }
+
+  async function download(name) {
+    const resp = await fetch(api + filesPath(name), { headers: { ...auth }, credentials: "same-origin" });
+    if (!resp.ok) throw new Error(`download of ${name} failed: HTTP ${resp.status}`);
+    return resp.blob();
+  }
+
+  async function saveFile(name) {
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(await download(name));
+    link.download = name;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+  }
+
+  $("upload").addEventListener("change", (event) => {
+    for (const file of event.target.files) uploadFile(file).catch(showError);
+    event.target.value = "";
   });
 
   // ------------------------------------------------------------------ recording

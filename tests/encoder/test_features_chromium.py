@@ -1,12 +1,14 @@
 """Session features in a real headless Chromium against a running stream service and its
 player: the clipboard both ways (the controlling viewer only), the display resized to the
 player's size (read back from a probe app, encoder/probeapp.py, that reports what it
-receives), recording to the project's storage, gamepads from the page to the service (this
+receives), files into and out of the session's home, recording to the project's storage,
+gamepads from the page to the service (this
 headless Chromium has no pad: the page's Gamepad API is given one)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -93,6 +95,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
         stream_secret=tokens.STREAM_SECRET,
         stream_resize_max_width=MAX_SIZE[0],
         stream_resize_max_height=MAX_SIZE[1],
+        stream_file_max_mib=1,
     )
     with running(settings) as svc:
         yield svc
@@ -259,3 +262,50 @@ def test_the_controlling_viewers_gamepad_reaches_the_session(
     # the virtual controller is made where the host has uinput (this one may not)
     assert (control.uinput[0] is not None) == UINPUT.exists()
     end_session(page, service)
+
+
+def test_files_go_into_and_out_of_the_sessions_home_for_its_controller_only(
+    service: StreamService, page: Page
+) -> None:
+    sid = _play_probe(service, page)
+    home = service.sessions[sid].source.home
+    assert home is not None
+    page.wait_for_function("tessera.files !== null", timeout=TIMEOUT_MS)
+    # into the home: the page's file picker, and the app finds it in its own home folder
+    page.set_input_files(
+        "#upload", files=[{"name": "notes ü.txt", "mimeType": "text/plain", "buffer": b"hi app"}]
+    )
+    page.wait_for_function(
+        "tessera.files.some((f) => f.name === 'notes ü.txt' && f.size === 6)",
+        timeout=TIMEOUT_MS,
+    )
+    assert (home / "notes ü.txt").read_bytes() == b"hi app"
+    if os.geteuid() == 0:
+        assert (home / "notes ü.txt").stat().st_uid == service.settings.sandbox_uid
+    # out of it: a file the app wrote, and never what a link the app made points to
+    for command in ("file:from-app.txt=made in the sandbox", "link:leak=/etc/hostname"):
+        page.evaluate("(text) => tessera.paste(text)", command)
+        page.wait_for_function(
+            "(text) => tessera.clipboard === 'echo:' + text", arg=command, timeout=TIMEOUT_MS
+        )
+    names = [f["name"] for f in page.evaluate("tessera.listFiles()")]
+    assert names == ["from-app.txt", "notes ü.txt"]
+    got = page.evaluate("tessera.download('from-app.txt').then((blob) => blob.text())")
+    assert got == "made in the sandbox"
+    refused = page.evaluate("tessera.download('leak').then(() => 'served', (e) => e.message)")
+    assert "404" in refused
+    # over the limit (1 MiB here): refused, and nothing is left behind
+    too_big = page.evaluate(
+        "tessera.uploadFile(new File([new Uint8Array((1 << 20) + 1)], 'big.bin'))"
+        ".then(() => 'stored', (e) => e.message)"
+    )
+    assert "limit" in too_big
+    assert sorted(p.name for p in home.iterdir()) == ["from-app.txt", "leak", "notes ü.txt"]
+    # only the session's controllers: a spectator's token, or another session's, gets nothing
+    files = f"{service.url}/api/streams/sessions/{sid}/files"
+    for token in (tokens.viewer(sid, "spectator"), tokens.viewer("another-session")):
+        assert page.request.get(files, headers={"Authorization": f"Bearer {token}"}).status == 403
+    listed = page.request.get(files, headers={"Authorization": f"Bearer {tokens.viewer(sid)}"})
+    assert listed.status == 200 and [f["name"] for f in listed.json()["files"]] == names
+    end_session(page, service)
+    assert not home.exists()
