@@ -190,6 +190,13 @@ def table() -> list[Route]:
           "connect", tags=("streams",)),
         R("POST", "/api/streams/sessions/{session_id}/control", streams.control,
           "hand control to a viewer", body={"viewer_id": S}, tags=("streams",)),
+        R("GET", "/api/streams/sessions/{session_id}/files", streams.list_files,
+          "the files of a session's home folder", tags=("streams",)),
+        R("GET", "/api/streams/sessions/{session_id}/files/{name}", streams.download_file,
+          "download a file of a session's home folder", tags=("streams",)),
+        R("PUT", "/api/streams/sessions/{session_id}/files/{name}", streams.upload_file,
+          "upload a file into a session's home folder",
+          body_type="application/octet-stream", tags=("streams",)),
     ]  # fmt: skip
 
 

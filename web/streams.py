@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -308,3 +309,59 @@ async def _pump(ws: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResp
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- H7: the files of a session's home, for the members of its project -------------------
+
+#: a file's transfer through the web may take this long
+FILE_TIMEOUT = aiohttp.ClientTimeout(total=3600, sock_connect=10)
+#: the answer headers of a download passed on to the user
+_FILE_HEADERS = ("Content-Type", "Content-Length", "Content-Disposition")
+
+
+async def _files_url(request: web.Request, name: str | None = None) -> tuple[str, str]:
+    """The stream service's URL of the session's files (or one file) and a controller token
+    for it; the project's members and admins only (its viewers watch, they take no files)."""
+    sid, owner = await _owned(request, "member")
+    url = f"{owner['url']}/api/streams/sessions/{sid}/files"
+    if name is not None:
+        url += "/" + quote(name, safe="")
+    return url, token(request, owner["project"], sid, "controller")
+
+
+async def list_files(request: web.Request) -> web.Response:
+    url, auth = await _files_url(request)
+    return _answer(*await call(request, "GET", url, auth=auth))
+
+
+async def download_file(request: web.Request) -> web.StreamResponse:
+    url, auth = await _files_url(request, request.match_info["name"])
+    headers = {"Authorization": f"Bearer {auth}"}
+    try:
+        async with request.app[HTTP].get(url, headers=headers, timeout=FILE_TIMEOUT) as resp:
+            if resp.status != 200:
+                return web.json_response(await resp.json(content_type=None), status=resp.status)
+            out = web.StreamResponse(
+                headers={k: resp.headers[k] for k in _FILE_HEADERS if k in resp.headers}
+            )
+            await out.prepare(request)
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise NoCapacity(f"the stream service at {url} did not answer: {exc}") from None
+
+
+async def upload_file(request: web.Request) -> web.Response:
+    url, auth = await _files_url(request, request.match_info["name"])
+    headers = {"Authorization": f"Bearer {auth}"}
+    if request.content_length is not None:
+        headers["Content-Length"] = str(request.content_length)
+    try:
+        async with request.app[HTTP].put(
+            url, data=request.content, headers=headers, timeout=FILE_TIMEOUT
+        ) as resp:
+            return web.json_response(await resp.json(content_type=None), status=resp.status)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise NoCapacity(f"the stream service at {url} did not answer: {exc}") from None

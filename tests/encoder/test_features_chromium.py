@@ -17,7 +17,7 @@ from typing import Any
 
 import av
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, FilePayload, Page, sync_playwright
 
 from encoder.gamepad import UINPUT, PadState
 from encoder.service import StreamService, running
@@ -272,9 +272,8 @@ def test_files_go_into_and_out_of_the_sessions_home_for_its_controller_only(
     assert home is not None
     page.wait_for_function("tessera.files !== null", timeout=TIMEOUT_MS)
     # into the home: the page's file picker, and the app finds it in its own home folder
-    page.set_input_files(
-        "#upload", files=[{"name": "notes ü.txt", "mimeType": "text/plain", "buffer": b"hi app"}]
-    )
+    upload: FilePayload = {"name": "notes ü.txt", "mimeType": "text/plain", "buffer": b"hi app"}
+    page.set_input_files("#upload", files=[upload])
     page.wait_for_function(
         "tessera.files.some((f) => f.name === 'notes ü.txt' && f.size === 6)",
         timeout=TIMEOUT_MS,
