@@ -14,11 +14,11 @@ import pytest
 import redis
 from rq.exceptions import DequeueTimeout
 
-from farm import keys
+from farm import jobscripts, keys
 from farm.jobstore import JobStore, Sweep
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue, _BandedQueue, run_worker
-from farm.states import JobState, TileState
+from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS, JobState, TileState
 from farm.submission import submit
 
 
@@ -339,3 +339,21 @@ def test_a_burst_worker_serves_its_class_through_the_banded_dequeue(
     run_worker(queue.conn, "cpu", "burst-test", burst=True)
     assert queue.depth() == 0
     assert high.get_status(refresh=True) == "finished" and high.return_value() == 2
+
+
+def test_the_scripts_allow_exactly_the_moves_of_farm_states(rconn: redis.Redis) -> None:
+    check = rconn.register_script(
+        jobscripts.PRELUDE
+        + "return {allowed(JOB_MOVES, ARGV[1], ARGV[2]) and 1 or 0,"
+        + " allowed(TILE_MOVES, ARGV[1], ARGV[2]) and 1 or 0}"
+    )
+    # (old, new) -> allowed, as farm.states says, for jobs (column 0) and tiles (column 1)
+    expected: list[tuple[int, str, str, bool]] = []
+    for j_old in JobState:
+        for j_new in JobState:
+            expected.append((0, j_old, j_new, j_new in JOB_TRANSITIONS.get(j_old, ())))
+    for t_old in TileState:
+        for t_new in TileState:
+            expected.append((1, t_old, t_new, t_new in TILE_TRANSITIONS.get(t_old, ())))
+    for column, old, new, ok in expected:
+        assert check(args=[old, new])[column] == int(ok), (old, new)
