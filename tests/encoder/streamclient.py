@@ -359,13 +359,18 @@ class StreamClient:
         role: str = "player",
         decode: bool = True,
         on_frame: FrameCallback | None = None,
+        rewrite_answer: Callable[[str], Awaitable[str]] | None = None,
     ) -> Viewer:
-        """A connected viewer of session `sid` (close it with `leave`)."""
+        """A connected viewer of session `sid` (close it with `leave`); ``rewrite_answer``
+        may change the service's answer first (a relay's address for its candidates)."""
         viewer = Viewer(decode=decode, on_frame=on_frame)
 
         async def signal(offer: dict[str, Any]) -> dict[str, Any]:
             path = f"/api/streams/sessions/{sid}/viewers"
-            return dict(await self._call("POST", path, {**offer, "role": role}))
+            answer = dict(await self._call("POST", path, {**offer, "role": role}))
+            if rewrite_answer is not None:
+                answer["sdp"] = await rewrite_answer(str(answer["sdp"]))
+            return answer
 
         try:
             await viewer.connect(signal)
