@@ -1,16 +1,18 @@
 """Stream density: how many 1280x720@30 sessions this machine sustains, and what a spectator costs.
 
-Both arms serve the test pattern from a child process on this machine (see bench/stream_latency.py):
-``ours`` is `farm stream` (one capture and one encode per session, whatever the number of
-viewers); ``plain`` is plain aiortc with its built-in encoder, one encoder per viewer
-(tests/encoder/plainservice.py). Viewers are aiortc clients in this process that receive every
-packet and count complete frames (RTP marker bit) without decoding them, so the cores go to the
-services being measured.
+Both arms serve the test pattern, or with --app game the built-in game in an Xvfb of each
+session's own, from a child process on this machine (see bench/stream_latency.py): ``ours`` is
+`farm stream` (one capture and one encode per session, whatever the number of viewers; the game
+sandboxed, captured on X damage); ``plain`` is plain aiortc with its built-in encoder, one
+encoder per viewer (tests/encoder/plainservice.py; the game captured by MediaPlayer's x11grab).
+Viewers are aiortc clients in this process that receive every packet and count complete frames
+(RTP marker bit) without decoding them, so the cores go to the services being measured.
 
 - ``sessions``: sessions are added one at a time, each with one viewer; after --settle seconds
   every session's delivered frame rate is measured over --window seconds. The figure is the most
   sessions for which every session delivered >= --min-fps (the ramp stops at the first failure
-  or at --max-sessions).
+  or at --max-sessions): the count is gated on every viewer receiving, as a viewer without a
+  frame or below --min-fps ends the ramp.
 - ``spectators``: one session with its player; the service's CPU time (process and children,
   from /proc) over --window seconds, then again with --spectators more viewers. Cost per
   spectator = the difference / spectators, in % of one core. Arms alternate within each run;

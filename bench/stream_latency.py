@@ -113,6 +113,11 @@ PROBE_JS = """
 """
 
 
+def stamped(capture_ms: float) -> bool:
+    """A frame the app had drawn its time code on (not a frame of the display before it)."""
+    return capture_ms > 1e12  # after 2001, in epoch ms
+
+
 @dataclass
 class Run:
     """One session measured: latency per frame (ms) and how many of the sent frames arrived."""
@@ -161,6 +166,8 @@ async def measure_aiortc(client: StreamClient, opts: Options) -> Run:
         if seen <= opts.warmup or done.is_set():
             return
         stamp = read_stamp(received.frame)
+        if not stamped(stamp.capture_s * 1000):
+            return
         run.latencies_ms.append((received.arrival_s - stamp.capture_s) * 1000)
         run.counters.append(stamp.counter)
         run.arrivals_s.append(received.arrival_s)
@@ -192,6 +199,8 @@ async def measure_browser(client: StreamClient, browser: Any, opts: Options) -> 
         finally:
             await page.close(run_before_unload=True)
     for counter, capture_ms, display_ms, callback_ms in rows:
+        if not stamped(capture_ms):
+            continue
         run.counters.append(int(counter))
         run.arrivals_s.append(callback_ms / 1000)
         run.latencies_ms.append(display_ms - capture_ms)
