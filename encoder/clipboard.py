@@ -70,6 +70,11 @@ class Clipboard:
         self._thread.start()
         return self
 
+    @property
+    def alive(self) -> bool:
+        """Still serving (its display connection closes when the display goes away)."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
     def paste(self, text: str) -> None:
         """Make ``text`` the display's clipboard (apps read it on their next paste)."""
         self._pastes.put(_cut(text))

@@ -55,6 +55,8 @@ class InputControl:
         self.uinput: dict[int, UinputPad | None] = {}
         #: the size of the display the pointer moves on
         self.screen = (app.width, app.height)
+        #: the input target ``screen`` was measured on (a restarted display starts anew)
+        self._screen_of: XInput | None = None
 
     def joined(self, viewer_id: str, role: str) -> str:
         """The role a joining viewer gets: the first player controls, later ones watch."""
@@ -86,8 +88,12 @@ class InputControl:
                 target.release_all()
 
     def _watch_clipboard(self) -> None:
-        """Start sharing the display's clipboard (once, when a viewer first takes control)."""
+        """Share the display's clipboard (from when a viewer first takes control; again after
+        the display was restarted, which closed the old one's connection)."""
         target = self.target()
+        if self.clipboard is not None and not self.clipboard.alive:
+            self.clipboard.close()
+            self.clipboard = None
         if self.clipboard is not None or self.send is None or target is None:
             return
         loop = asyncio.get_running_loop()
@@ -131,6 +137,8 @@ class InputControl:
         """Apply one data-channel message; the reply to send back, if any."""
         kind = message.get("t")
         if kind == "ping":
+            if viewer_id == self.controller:
+                self._watch_clipboard()
             recording = self.recording is not None and self.recording()
             return {"t": "pong", "ts": message.get("ts"), "rec": recording}
         if kind not in INPUT_TYPES:
@@ -172,13 +180,16 @@ class InputControl:
             check_geometry(width, height, self.app.fps)
             screen = self.resize(width, height)
             if screen is not None:
-                self.screen = screen
+                self.screen, self._screen_of = screen, self.target()
             return
         target = self.target()
         if target is None:
             return
         if kind == "mm":
             width, height = self.video_size()
+            if self._screen_of is not target:
+                # a display restarted since the last resize has the app's own size again
+                self.screen, self._screen_of = (self.app.width, self.app.height), target
             screen_w, screen_h = self.screen
             x = int(m["x"]) * screen_w // width
             y = int(m["y"]) * screen_h // height

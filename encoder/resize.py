@@ -119,6 +119,8 @@ class ResizingGrabber(X11Grabber):
         while not self._stop.is_set():
             self._reopen = False
             super().run()
+            # what ``before`` did (joining the sandbox's IPC namespace) holds for this thread
+            self.before = None
             if self._reopen:
                 log.info("event=capture_resized display=%s size=%dx%d", self.display,
                          self.width, self.height)  # fmt: skip
