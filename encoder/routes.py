@@ -14,6 +14,7 @@ from aiohttp import web
 from encoder.files import Home
 from encoder.observe import StreamMetrics
 from encoder.turn import ice_servers
+from encoder.wsviewer import WsViewer
 from farm import metrics, streamauth
 from farm.errors import (
     BadParameter,
@@ -222,6 +223,7 @@ async def ws_viewer(request: web.Request) -> web.StreamResponse:
         heartbeat=30.0,  # a dead peer is found within 45 s (pong within half of it)
     )
     await ws.prepare(request)
+    WsViewer.limit_send_buffer(request.transport)
     try:
         viewer = session.add_ws_viewer(ws, role, request.query.get("name", ""))
     except FarmError as exc:  # the session ended meanwhile: the socket is open, say it there

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import socket
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from enum import StrEnum
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from encoder.catalog import App
 from encoder.control import InputControl
@@ -19,9 +22,10 @@ from encoder.messages import RateLimit, Rejected, parse
 from encoder.peers import Viewer
 from encoder.pipeline import EncodedFrame, Pipeline
 from encoder.recording import Recording, recording_key
-from encoder.source import Source, make_source
+from encoder.source import SandboxedSource, Source, XAppSource, make_source
 from encoder.videoencoder import EncoderConfig, VideoEncoder, open_encoder, start_bitrate
 from encoder.wsviewer import WsViewer
+from encoder.xinput import XInput
 from farm import metrics
 from farm.devices import Device
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
@@ -30,6 +34,13 @@ from farm.slots import Lease, SlotAllocator
 from farm.storage import farm_storage
 
 log = logging.getLogger("tessera.stream")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: how long after its capture failed a display's X server is looked at again, to tell a crash
+#: (the server dies a few ms after it dropped its clients) from a capture error
+DYING_S = 0.25
 
 ROLES = ("player", "spectator")
 
@@ -87,9 +98,12 @@ class StreamSession:
         self._rates: dict[str, RateLimit] = {}
         self.source: Source = make_source(app, settings, f"stream-{self.id}")
         self.pipeline: Pipeline | None = None
+        # every callback handed out holds the session weakly: an ended session is freed at once
+        # by reference counting, not later by the cycle collector (issue #18: 100 -> 416 MiB)
         self.control = InputControl(
-            self.id, app, lambda: self.source.input, self._video_size, self._resize,
-            send=self._send_to, record=self.record, recording=lambda: self.recording is not None,
+            self.id, app, _weak(self._input_target), _weak(self._video_size),
+            _weak(self._resize), send=_weak(self._send_to), record=_weak(self.record),
+            recording=_weak(self._recording_on),
         )  # fmt: skip
         #: the MP4 being written while the controlling viewer records (encoder/recording.py)
         self.recording: Recording | None = None
@@ -103,6 +117,9 @@ class StreamSession:
         self._renewal: asyncio.Task[None] | None = None
         self._ending: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
+        self._recovering: asyncio.Task[None] | None = None
+        #: times the display, app and capture were started again after a crash
+        self.restarts = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- life ------------------------------------------------------------------------------
@@ -132,11 +149,14 @@ class StreamSession:
                  self.lease.id, self.lease.token)  # fmt: skip
 
     def _start_blocking(self) -> None:
-        self.source.start(self._source_exited)
+        source = self.source
+        source.start(functools.partial(_weak(self._source_exited), source))
         assert self.source.grabber is not None
         s = self.settings
         min_bps, max_bps = s.stream_min_kbps * 1000, s.stream_max_kbps * 1000
         app = self.app
+        # locals, not self: the pipeline keeps this function (no cycle back to the session)
+        gpu_index, input_format = self.device.index, source.input_format
 
         def make_encoder(width: int, height: int) -> VideoEncoder:
             config = EncoderConfig(
@@ -146,24 +166,102 @@ class StreamSession:
                 bitrate_bps=start_bitrate(width, height, app.fps, min_bps, max_bps),
                 min_bps=min_bps,
                 max_bps=max_bps,
-                gpu_index=self.device.index,
-                input_format=self.source.input_format,
+                gpu_index=gpu_index,
+                input_format=input_format,
             )
             return open_encoder(s.nvenc, config)
 
+        mine: list[weakref.ref[Pipeline]] = []  # weakly: the pipeline keeps this closure
+
+        me = weakref.ref(self)
+
+        def failed(reason: str) -> None:
+            session = me()
+            # not a pipeline a restart replaced
+            if session is not None and mine and mine[0]() is session.pipeline:
+                session._lost(f"capture or encoding stopped: {reason}", app_exited=False)
+
         self.pipeline = Pipeline(
             self.source.grabber, self.source.slot, make_encoder, app.width, app.height,
-            self._loop, self._fan_out, self._pipeline_failed, name=self.id,
+            self._loop, _weak(self._fan_out), failed, name=self.id,
         )  # fmt: skip
+        mine.append(weakref.ref(self.pipeline))
         self.pipeline.start()
 
-    def _source_exited(self, reason: str) -> None:
-        # called from the app's watcher thread
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the service stopped
-            self._loop.call_soon_threadsafe(self.end_soon, reason)
+    def _input_target(self) -> XInput | None:
+        return self.source.input
 
-    def _pipeline_failed(self, reason: str) -> None:
-        self.end_soon(f"capture or encoding stopped: {reason}")
+    def _recording_on(self) -> bool:
+        return self.recording is not None
+
+    def _source_exited(self, source: Source, reason: str) -> None:
+        # called from the app's watcher thread
+        me = weakref.ref(self)
+
+        def lost() -> None:
+            session = me()
+            if session is not None and source is session.source:  # not one a restart replaced
+                session._lost(reason, app_exited=True)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the service stopped
+            self._loop.call_soon_threadsafe(lost)
+
+    # --- surviving -------------------------------------------------------------------------
+
+    def _lost(self, reason: str, app_exited: bool, looked_again: bool = False) -> None:
+        """The app exited or the capture stopped: a dead display (Xvfb) or a failed capture is
+        restarted (display, app, capture, encoder; the viewers stay) up to
+        FARM_STREAM_CAPTURE_RETRIES times; an app that quit by itself ends the session."""
+        if self._recovering is not None or self._ending is not None:
+            return  # one crash reports twice (app and capture): one restart answers both
+        display = self._display_name()
+        if not (app_exited or looked_again) and display and _x_server_answers(display):
+            # a dying X server resets its clients before it closes its listening socket:
+            # look again once it had time to finish dying
+            self._loop.call_later(DYING_S, _weak(self._lost), reason, False, True)
+            return
+        if display is not None and not _x_server_answers(display):
+            reason = f"the display {display} (Xvfb) of app {self.app.name} crashed"
+        elif app_exited:
+            self.end_soon(reason)
+            return
+        if self.state is not SessionState.RUNNING:
+            self.end_soon(reason)
+            return
+        if self.restarts >= self.settings.stream_capture_retries:
+            tried = f" (started again {self.restarts} times)" if self.restarts else ""
+            self.end_soon(reason + tried)
+            return
+        self._recovering = asyncio.create_task(self._restart(reason), name=f"restart-{self.id}")
+
+    async def _restart(self, reason: str) -> None:
+        self.restarts += 1
+        log.warning("event=session_restarting session=%s reason=%r restart=%d", self.id, reason,
+                    self.restarts)  # fmt: skip
+        try:
+            pipeline, self.pipeline = self.pipeline, None
+            if pipeline is not None:
+                await asyncio.to_thread(pipeline.stop)
+            await asyncio.to_thread(self.source.stop)
+            self.source = make_source(self.app, self.settings, f"stream-{self.id}")
+            await asyncio.to_thread(self._start_blocking)
+        except Exception as exc:
+            why = exc.message if isinstance(exc, FarmError) else repr(exc)
+            self.end_soon(f"{reason}; starting it again failed: {why}")
+            return
+        finally:
+            self._recovering = None
+        self.request_keyframe()  # the viewers go on from a fresh keyframe
+        log.info("event=session_restarted session=%s restart=%d", self.id, self.restarts)
+
+    def _display_name(self) -> str | None:
+        source = self.source
+        with contextlib.suppress(FarmError):
+            if isinstance(source, SandboxedSource):
+                return source.box.display
+            if isinstance(source, XAppSource):
+                return source.display.name
+        return None
 
     def _idle_expired(self) -> None:
         if not self.viewers:
@@ -190,6 +288,8 @@ class StreamSession:
         if self._starting is not None and not self._starting.done():
             # a start in progress finishes first, so that nothing it starts is left running
             await asyncio.wait({self._starting})
+        if self._recovering is not None and not self._recovering.done():
+            await asyncio.wait({self._recovering})
         if self._idle is not None:
             self._idle.cancel()
         if self._renewal is not None and self._renewal is not asyncio.current_task():
@@ -238,7 +338,7 @@ class StreamSession:
     def _arm_idle(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
-        self._idle = self._loop.call_later(self.settings.stream_grace_s, self._idle_expired)
+        self._idle = self._loop.call_later(self.settings.stream_grace_s, _weak(self._idle_expired))
 
     # --- viewers ---------------------------------------------------------------------------
 
@@ -253,10 +353,10 @@ class StreamSession:
             role,
             name,
             self.ice_servers(name or viewer_id),
-            on_keyframe_request=self.request_keyframe,
-            on_bitrate_estimate=self._estimated,
-            on_message=self._message,
-            on_closed=self._viewer_closed,
+            on_keyframe_request=_weak(self.request_keyframe),
+            on_bitrate_estimate=_weak(self._estimated),
+            on_message=_weak(self._message),
+            on_closed=_weak(self._viewer_closed),
             fps=self.app.fps,
         )
         try:
@@ -269,7 +369,9 @@ class StreamSession:
             raise NotFound(f"session {self.id} ended while the viewer joined", session=self.id)
         self._joined(viewer, role)
         # a peer that never connects (no ICE, a wrong fingerprint) must not hold the session
-        self._loop.call_later(self.settings.stream_connect_timeout_s, self._check_connected, viewer)
+        self._loop.call_later(
+            self.settings.stream_connect_timeout_s, _weak(self._check_connected), viewer
+        )
         return viewer, answer
 
     def add_ws_viewer(self, ws: Any, role: str, name: str = "") -> WsViewer:
@@ -283,9 +385,9 @@ class StreamSession:
             role,
             name,
             ws,
-            on_keyframe_request=self.request_keyframe,
-            on_message=self._message,
-            on_closed=self._viewer_closed,
+            on_keyframe_request=_weak(self.request_keyframe),
+            on_message=_weak(self._message),
+            on_closed=_weak(self._viewer_closed),
             fps=self.app.fps,
         )
         self._joined(viewer, role)
@@ -497,4 +599,33 @@ class StreamSession:
             "bitrate_kbps": p.encoder.bitrate_bps // 1000 if p else 0,
             "denied_inputs": self.control.denied,
             "messages_dropped": dict(self.dropped),
+            "restarts": self.restarts,
         }
+
+
+def _x_server_answers(display: str) -> bool:
+    """An X server accepts connections on ``display``'s local socket (a crashed one leaves
+    its socket file behind, refusing)."""
+    path = f"/tmp/.X11-unix/X{display.lstrip(':').split('.')[0]}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _weak(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` of an object, held weakly: what keeps the callback does not keep the object
+    (no reference cycle); calling it once the object is gone raises ReferenceError."""
+    ref = weakref.WeakMethod(method)
+    name = method.__qualname__  # not the method itself: the closure would hold its object
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        bound = ref()
+        if bound is None:
+            raise ReferenceError(f"{name}: its object is gone")
+        return bound(*args, **kwargs)
+
+    return call

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,10 @@ log = logging.getLogger("tessera.stream")
 HEADER = struct.Struct("!BBQ")
 VERSION = 1
 KEYFRAME = 0x01
+#: the socket's send buffer (bytes; the kernel doubles it): what a viewer's connection may hold
+#: beyond the frames queued for it. Small, so that a viewer that cannot keep up drops to the next
+#: keyframe within a few frames instead of watching seconds-old video out of a deep buffer
+SEND_BUFFER_BYTES = 256 * 1024
 #: ``pts`` of a captured frame is its capture time on RTP's 90 kHz clock (encoder/capture.py)
 PTS_PER_US = 9 / 100
 
@@ -64,6 +69,13 @@ class WsViewer:
         self.connected = True
         self._closed = False
         self._writes: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def limit_send_buffer(transport: asyncio.BaseTransport | None) -> None:
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
 
     async def run(self) -> None:
         """Send video and take input until the socket closes."""

@@ -121,7 +121,7 @@ async def test_a_websocket_viewer_through_the_web_is_project_checked_and_gets_th
             await ws.send_json({"t": "ping", "ts": 7})
             while True:
                 msg = await ws.receive(timeout=10)
-                if msg.type == aiohttp.WSMsgType.TEXT and msg.json() == {"t": "pong", "ts": 7}:
+                if msg.type == aiohttp.WSMsgType.TEXT and msg.json().get("t") == "pong":
                     break
         async with client.ws_connect(path, headers=alice) as ws:
             hello = await ws.receive_json(timeout=10)

@@ -1,0 +1,154 @@
+"""Sessions survive what they can: a display (Xvfb) killed inside the sandbox is started again
+with its app and capture while the viewer stays; past the retries the session ends saying the
+display crashed; an ended session is freed at once, not by the cycle collector."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from encoder.service import StreamService, running
+from farm.settings import Settings
+from tests.encoder.rtcviewer import RtcViewer
+from tests.encoder.test_stream_input import sprite
+from tests.encoder.test_stream_video import api, run
+
+GAME = {"app": "game", "width": 320, "height": 240, "fps": 30}
+
+pytestmark = pytest.mark.usefixtures("no_orphans")
+
+
+def descendants(pids: list[int]) -> dict[int, str]:
+    """Every process under ``pids`` (and themselves): pid -> command name."""
+    parent, comm = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        comm[pid] = stat[stat.index("(") + 1 : stat.rindex(")")]
+        parent[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = {p: comm[p] for p in pids if p in comm}
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in found and pid not in found:
+                found[pid] = comm[pid]
+                grew = True
+    return found
+
+
+def kill_xvfb(service: StreamService, sid: str) -> int:
+    """SIGKILL the session's Xvfb, found under the session's own processes (its pid handle)."""
+    xvfb = [p for p, name in descendants(service.sessions[sid].pids()).items() if name == "Xvfb"]
+    assert len(xvfb) == 1, descendants(service.sessions[sid].pids())
+    os.kill(xvfb[0], signal.SIGKILL)
+    return xvfb[0]
+
+
+@pytest.fixture
+def service(stream_settings: Settings) -> Iterator[StreamService]:
+    with running(stream_settings.with_(stream_capture_retries=1)) as svc:
+        yield svc
+
+
+async def state_when(http: aiohttp.ClientSession, url: str, sid: str, pred: object) -> dict:  # type: ignore[type-arg]
+    deadline = time.monotonic() + 30
+    while True:
+        status, state = await api(http, "GET", f"{url}/api/streams/sessions/{sid}")
+        if pred(state):  # type: ignore[operator]
+            return dict(state)
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.1)  # polling the API for the session's next state
+
+
+def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_crash_is_named(
+    service: StreamService,
+) -> None:
+    async def body(http: aiohttp.ClientSession, url: str) -> None:
+        status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
+        assert status == 201, session
+        sid = session["session_id"]
+        viewer = await RtcViewer(http, url, sid).join("player")
+        try:
+            while sprite(await viewer.next_frame()) is None:
+                pass
+            old = kill_xvfb(service, sid)
+            state = await state_when(http, url, sid, lambda s: s["stats"]["restarts"] == 1)
+            assert state["state"] == "running"
+            # the same viewer, a new display: a fresh keyframe, then the game again
+            viewer.drain()
+            while not (await viewer.next_frame()).keyframe:
+                pass
+            while sprite(await viewer.next_frame()) is None:
+                pass
+            assert [v["viewer_id"] for v in state["viewers"]] == [viewer.viewer_id]
+            # keys still land: the input follows the new display
+            first = sprite(await viewer.next_frame())
+            assert first is not None
+            await viewer.send({"t": "kd", "code": "ArrowDown"})
+            await viewer.send({"t": "ku", "code": "ArrowDown"})
+            deadline = time.monotonic() + 15
+            moved = first
+            while moved[1] <= first[1] + 10 and time.monotonic() < deadline:
+                moved = sprite(await viewer.next_frame()) or moved
+            assert moved[1] > first[1] + 10, (first, moved)
+            assert old not in descendants(service.sessions[sid].pids())
+
+            # past the retries: the session ends, and says its display crashed
+            kill_xvfb(service, sid)
+            state = await state_when(http, url, sid, lambda s: s["state"] == "ended")
+            assert "(Xvfb) of app game crashed" in state["reason"], state["reason"]
+            assert "exited with status" not in state["reason"]
+        finally:
+            await viewer.close()
+
+    run(service, body)
+
+
+def test_an_ended_session_is_freed_without_the_cycle_collector(
+    service: StreamService,
+) -> None:
+    async def body(http: aiohttp.ClientSession, url: str) -> None:
+        gone: list[weakref.ref[object]] = []
+        for _ in range(3):
+            status, session = await api(
+                http, "POST", f"{url}/api/streams/sessions",
+                {"app": "testpattern", "width": 640, "height": 360, "fps": 30},
+            )  # fmt: skip
+            assert status == 201, session
+            sid = session["session_id"]
+            live = service.sessions[sid]
+            viewer = await RtcViewer(http, url, sid).join("player")
+            await viewer.next_frame()
+            await viewer.send({"t": "mm", "x": 1, "y": 1})
+            await viewer.roundtrip()
+            await viewer.close()
+            gone.append(weakref.ref(live))
+            gone.append(weakref.ref(live.pipeline))
+            del live
+            status, _ = await api(http, "DELETE", f"{url}/api/streams/sessions/{sid}")
+            assert status == 204
+        # what ended is freed by reference counting alone: no cycle keeps it
+        alive = [ref() for ref in gone if ref() is not None]
+        assert alive == [], [gc.get_referrers(obj) for obj in alive][:2]
+
+    gc.collect()
+    gc.disable()
+    try:
+        run(service, body)
+    finally:
+        gc.enable()
