@@ -204,7 +204,9 @@ class X11Grabber(Grabber):
             options = {
                 "framerate": str(rate),
                 "video_size": f"{self.width}x{self.height}",
-                "draw_mouse": "1",
+                # the X cursor stays out of the video: the player shows the viewer's own
+                # pointer, and a drawn one would lag it by the whole round trip (issue #18)
+                "draw_mouse": "0",
                 # the frames read while probing the stream are served first: stale ones
                 "probesize": "32",
             }

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 
 from encoder.service import StreamService, running
@@ -68,7 +69,7 @@ def service(stream_settings: Settings) -> Iterator[StreamService]:
 async def state_when(http: aiohttp.ClientSession, url: str, sid: str, pred: object) -> dict:  # type: ignore[type-arg]
     deadline = time.monotonic() + 30
     while True:
-        status, state = await api(http, "GET", f"{url}/api/streams/sessions/{sid}")
+        _status, state = await api(http, "GET", f"{url}/api/streams/sessions/{sid}")
         if pred(state):  # type: ignore[operator]
             return dict(state)
         assert time.monotonic() < deadline, state
@@ -152,3 +153,27 @@ def test_an_ended_session_is_freed_without_the_cycle_collector(
         run(service, body)
     finally:
         gc.enable()
+
+
+def test_the_x_cursor_is_not_drawn_into_the_video(stream_service: StreamService) -> None:
+    async def body(http: aiohttp.ClientSession, url: str) -> None:
+        status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
+        assert status == 201, session
+        sid = session["session_id"]
+        viewer = await RtcViewer(http, url, sid).join("player")
+        try:
+            # the pointer over the game's plain background, away from the sprite
+            await viewer.send({"t": "mm", "x": 40, "y": 200})
+            await viewer.roundtrip()
+            viewer.drain()
+            await viewer.next_frame()
+            frame = (await viewer.next_frame()).luma().astype(np.int16)
+            around = frame[190:215, 30:55]
+            background = frame[190:215, 270:295]
+            # X's default cursor is a black and white cross: it would stand out of the background
+            assert abs(around - int(np.median(background))).max() < 40, around
+        finally:
+            await viewer.close()
+            await api(http, "DELETE", f"{url}/api/streams/sessions/{sid}")
+
+    run(stream_service, body)
