@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from encoder import capacity
 from encoder.catalog import TESTPATTERN, Catalog
 from encoder.routes import create_app
 from encoder.session import SessionState, StreamSession
@@ -79,6 +80,8 @@ class StreamService:
         self.agent: DeviceAgent | None = None
         self._runner: web.AppRunner | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        #: megapixels a second the device encodes (configured, or measured at start)
+        self.encode_mpx_s = settings.stream_encode_mpx_s
 
     # --- life ------------------------------------------------------------------------------
 
@@ -96,6 +99,10 @@ class StreamService:
         self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
         self.agent = self._make_agent(self.allocator)
         await asyncio.to_thread(self.agent.start)
+        if self.encode_mpx_s <= 0:
+            self.encode_mpx_s = await asyncio.to_thread(
+                capacity.probe_mpx_s, self.settings, self.device.index
+            )
         if self.serve_http:
             self._runner = web.AppRunner(create_app(self), access_log=None)
             await self._runner.setup()
@@ -105,8 +112,9 @@ class StreamService:
             self.url = self.settings.stream_url or f"http://{_url_host(str(host))}:{port}"
             await asyncio.to_thread(self._register)
             self._heartbeat = asyncio.create_task(self._beat(), name="stream-registration")
-        log.info("event=stream_service_ready name=%s device=%s url=%s encode_sessions=%d",
-                 self.name, self.device.id, self.url, self.device.encoder_sessions)  # fmt: skip
+        log.info("event=stream_service_ready name=%s device=%s url=%s encode_sessions=%d "
+                 "encode_mpx_s=%.1f", self.name, self.device.id, self.url,
+                 self.device.encoder_sessions, self.encode_mpx_s)  # fmt: skip
 
     def _make_agent(self, allocator: SlotAllocator) -> DeviceAgent:
         index = self.settings.gpu_index or 0
@@ -170,6 +178,7 @@ class StreamService:
             "pid": os.getpid(),
             "started": self.started,
             "encoder_sessions": device.encoder_sessions,
+            "encode_mpx_s": round(self.encode_mpx_s, 1),
             "alive_until": time.time() + self.settings.agent_timeout_s,
         }
 
@@ -218,6 +227,13 @@ class StreamService:
                 f"the test pattern needs at least {MIN_WIDTH}x{MIN_HEIGHT}, "
                 f"not {app.width}x{app.height}"
             )
+        running = [
+            capacity.Demand(*s._video_size(), s.app.fps)
+            for s in self.sessions.values()
+            if s.state in (SessionState.STARTING, SessionState.RUNNING)
+        ]
+        asked = capacity.Demand(app.width, app.height, app.fps)
+        capacity.check(self.encode_mpx_s, running, asked, self.device.id)
         lease = await asyncio.to_thread(self._admit, project)
         session = StreamSession(
             app, self.device, lease, self._allocator(), self.settings,

@@ -265,6 +265,11 @@ class Settings:
     """FARM_STREAM_CAPTURE_RETRIES: times a session's capture that failed is started again
     (restarting its display when that died) before the session ends."""
 
+    stream_encode_mpx_s: float = 0.0
+    """FARM_STREAM_ENCODE_MPX_S: megapixels a second this device's encoder sustains, which
+    admission shares among sessions (width x height x fps each); 0 = measured when the stream
+    service starts (a short encode of the test pattern)."""
+
     # --- H7: stream session features (issue #18 items 3-4) ----------------------------------
 
     stream_resize_max_width: int = 1920
@@ -518,6 +523,7 @@ ENV: dict[str, tuple[str, type, float]] = {
     "stream_input_rate": ("FARM_STREAM_INPUT_RATE", float, 1.0),
     "stream_message_max_bytes": ("FARM_STREAM_MESSAGE_MAX_BYTES", int, 256),
     "stream_capture_retries": ("FARM_STREAM_CAPTURE_RETRIES", int, 0),
+    "stream_encode_mpx_s": ("FARM_STREAM_ENCODE_MPX_S", float, 0.0),
     # H7: stream session features
     "stream_resize_max_width": ("FARM_STREAM_RESIZE_MAX_WIDTH", int, 64),
     "stream_resize_max_height": ("FARM_STREAM_RESIZE_MAX_HEIGHT", int, 64),

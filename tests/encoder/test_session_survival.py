@@ -177,3 +177,44 @@ def test_the_x_cursor_is_not_drawn_into_the_video(stream_service: StreamService)
             await api(http, "DELETE", f"{url}/api/streams/sessions/{sid}")
 
     run(stream_service, body)
+
+
+def test_admission_follows_the_measured_encoder_throughput_and_says_why_it_refuses(
+    stream_settings: Settings,
+) -> None:
+    # 5 Mpx/s, as if measured: one session may ask for 10, all together for 20; a 640x360@30
+    # session takes 6.9
+    with running(stream_settings.with_(stream_encode_mpx_s=5.0)) as svc:
+
+        async def body(http: aiohttp.ClientSession, url: str) -> None:
+            sessions = f"{url}/api/streams/sessions"
+            huge = {"app": "testpattern", "width": 3840, "height": 2160, "fps": 144}
+            status, refused = await api(http, "POST", sessions, huge)
+            assert status == 409, refused
+            message = refused["error"]["message"]
+            assert "encodes about 5 Mpx/s" in message and "at most 1 fps" in message, message
+            small = {"app": "testpattern", "width": 640, "height": 360, "fps": 30}
+            made = []
+            for _ in range(2):
+                status, session = await api(http, "POST", sessions, small)
+                assert status == 201, session
+                made.append(session["session_id"])
+            status, refused = await api(http, "POST", sessions, small)
+            assert status == 503, refused
+            assert "busy encoding" in refused["error"]["message"]
+            assert "14 of about 20 Mpx/s" in refused["error"]["message"]
+            for sid in made:
+                await api(http, "DELETE", f"{sessions}/{sid}")
+
+        run(svc, body)
+
+
+def test_the_encoder_throughput_is_measured_at_start_and_registered(
+    stream_service: StreamService,
+) -> None:
+    async def body(http: aiohttp.ClientSession, url: str) -> None:
+        status, device = await api(http, "GET", f"{url}/api/streams/device")
+        assert status == 200, device
+        assert device["encode_mpx_s"] > 1.0, device
+
+    run(stream_service, body)
