@@ -269,7 +269,9 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     rq_conn = queue.connect(settings.redis_url)
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     render_queue = queue.RenderQueue(rq_conn, req.device)
-    report = submission.inspect(store.conn, render_queue, source, settings.inspect_timeout_s)
+    report = submission.inspect(
+        store.conn, render_queue, source, settings.inspect_timeout_s, project=req.project
+    )
     spec, warnings = submission.plan_job(req, report, source)
     delivery.check_output(spec, settings)
     job_id = submission.submit(rq_conn, store, render_queue, spec, warnings, report.autoexec_fail)

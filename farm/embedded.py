@@ -194,6 +194,7 @@ def _run(
         source,
         settings.inspect_timeout_s + STARTUP_S,
         on_wait=lambda: pool.check(lambda line: print(line, file=stream)),
+        project=req.project,
     )
     spec, warnings = submission.plan_job(req, report, source)
     delivery.check_output(spec, settings)

@@ -122,12 +122,15 @@ class RenderQueue:
             description=f"job {job_id} assemble frame {frame}",
         )
 
-    def enqueue_inspection(self, source: BlendSource, reply_key: str, timeout_s: float) -> str:
-        """Queue an inspection at the front; returns its rq id (for drop_waiting)."""
+    def enqueue_inspection(
+        self, source: BlendSource, reply_key: str, timeout_s: float, project: str
+    ) -> str:
+        """Queue an inspection for ``project`` at the front; returns its rq id (for
+        drop_waiting). The worker opens the file in a child of that project's only."""
         job: Job = guard(
             self.queue.enqueue_call,
             INSPECT_TASK,
-            args=(source.to_dict(), reply_key),
+            args=(source.to_dict(), reply_key, project),
             timeout=_rq_timeout(timeout_s),
             result_ttl=0,
             failure_ttl=FAILURE_TTL_S,

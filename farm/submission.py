@@ -302,13 +302,16 @@ def inspect(
     source: BlendSource,
     timeout_s: float,
     on_wait: Callable[[], None] | None = None,
+    *,
+    project: str,
 ) -> InspectionReport:
-    """Ask a worker of ``queue`` to inspect the file; waits at most ``timeout_s`` for its answer.
+    """Ask a worker of ``queue`` to inspect the file for ``project`` (its Blender child is
+    never one another project's file has been in); waits at most ``timeout_s`` for its answer.
 
     ``on_wait`` runs about once a second while waiting (the embedded farm checks its workers).
     """
     reply_key = keys.reply(uuid.uuid4().hex)
-    rq_id = queue.enqueue_inspection(source, reply_key, timeout_s)
+    rq_id = queue.enqueue_inspection(source, reply_key, timeout_s, project)
     deadline = time.monotonic() + timeout_s
     popped = None
     while popped is None and time.monotonic() < deadline:

@@ -88,7 +88,7 @@ def submit(
     q = queue.RenderQueue(rq_conn, "cpu")
     source = LocalStorage(settings.storage_dir).put_upload(blend)
     req = submission.RenderRequest(output=tmp / "o", formats="exr", **kw)  # type: ignore[arg-type]
-    report = submission.inspect(store.conn, q, source, 120)
+    report = submission.inspect(store.conn, q, source, 120, project=req.project)
     spec, warnings = submission.plan_job(req, report, source)
     return store, submission.submit(rq_conn, store, q, spec, warnings, False)
 

@@ -71,7 +71,7 @@ def test_a_job_with_uploads_and_tiles_in_s3_delivers_every_frame_intact(
             req = submission.RenderRequest(
                 output=f"s3://{bucket}/renders/shot1", tiles="2x1", formats="exr,png"
             )
-            report = submission.inspect(conn, q, source, 120)
+            report = submission.inspect(conn, q, source, 120, project="default")
             spec, warnings = submission.plan_job(req, report, source)
             delivery.check_output(spec, settings)
             job_id = submission.submit(rq_conn, store_, q, spec, warnings, False)

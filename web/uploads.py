@@ -7,6 +7,7 @@ import logging
 import secrets
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -415,7 +416,12 @@ async def inspection(
     hold_s = settings.inspect_timeout_s + INSPECTION_HOLD_EXTRA_S
     async with in_flight(request, rec["project"], INSPECTIONS, hold_s):
         report = await waiting(
-            app, submission.inspect, conn, render_queue, source, settings.inspect_timeout_s
+            app,
+            partial(submission.inspect, project=rec["project"]),
+            conn,
+            render_queue,
+            source,
+            settings.inspect_timeout_s,
         )
     await blocking(app, guard, conn.set, key, json.dumps(report.to_dict()), ex=INSPECTION_TTL_S)
     return report

@@ -46,10 +46,10 @@ def test_a_file_that_aborts_blender_on_the_next_load_costs_another_project_no_at
     try:
         store, rq, storage = _farm(w)
         plain = storage.put_upload(scenes["plain"])
-        report = submission.inspect(store.conn, rq, plain, TIMEOUT_S)
+        report = submission.inspect(store.conn, rq, plain, TIMEOUT_S, project="B")
         # project A's smoke scene loads fine; Blender aborts when the next file replaces it
         poison = storage.put_upload(scenes["poison"])
-        assert submission.inspect(store.conn, rq, poison, TIMEOUT_S).scene == "Scene"
+        assert submission.inspect(store.conn, rq, poison, TIMEOUT_S, project="A").scene == "Scene"
         req = submission.RenderRequest(output=tmp_path / "o", formats="exr", tiles="1x1",
                                        project="B")  # fmt: skip
         spec, warnings = submission.plan_job(req, report, plain)
@@ -69,14 +69,14 @@ def test_a_crashing_job_fails_with_reasons_that_name_no_server_detail(
     try:
         store, rq, storage = _farm(w)
         plain = storage.put_upload(scenes["plain"])
-        report = submission.inspect(store.conn, rq, plain, TIMEOUT_S)
+        report = submission.inspect(store.conn, rq, plain, TIMEOUT_S, project="A")
         # another job on the farm, whose id must not show in this one's failures
         other = submission.submit(rq.conn, store, rq, *submission.plan_job(
             submission.RenderRequest(output=tmp_path / "p", formats="exr", tiles="1x1",
                                      project="B"), report, plain), False)  # fmt: skip
         broken = storage.put_upload(scenes["segfault"])
         with pytest.raises(BlenderCrashed) as inspected:
-            submission.inspect(store.conn, rq, broken, TIMEOUT_S)
+            submission.inspect(store.conn, rq, broken, TIMEOUT_S, project="A")
         _assert_public(inspected.value.message, other)
         assert "log_tail" not in inspected.value.fields and "path" not in inspected.value.fields
         # forced past inspection: every attempt crashes Blender while opening the file
