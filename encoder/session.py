@@ -14,7 +14,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from enum import StrEnum
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from encoder.catalog import App
 from encoder.control import InputControl
@@ -618,14 +618,14 @@ def _x_server_answers(display: str) -> bool:
 
 def _weak(method: Callable[P, R]) -> Callable[P, R]:
     """``method`` of an object, held weakly: what keeps the callback does not keep the object
-    (no reference cycle); calling it once the object is gone raises ReferenceError."""
+    (no reference cycle); once the object is gone, calling it does nothing (a timer of an
+    ended session firing late) and returns None."""
     ref = weakref.WeakMethod(method)
-    name = method.__qualname__  # not the method itself: the closure would hold its object
 
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
         bound = ref()
         if bound is None:
-            raise ReferenceError(f"{name}: its object is gone")
+            return cast(R, None)
         return bound(*args, **kwargs)
 
     return call
