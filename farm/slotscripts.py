@@ -434,6 +434,9 @@ SNAPSHOT = (
     PRELUDE
     + r"""
 local now = clock(ARGV[1])
+-- what expired leaves before it is shown: a killed holder's leases and a silent agent's devices
+-- are not listed until the next grant (`farm gpus` on an idle farm showed them for minutes)
+reclaim(now)
 local out = {}
 local devices = csv_list(ARGV[2])
 if #devices == 0 then devices = redis.call('SMEMBERS', P .. 'devices') end

@@ -12,14 +12,19 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
+import redis
 
 from encoder.service import StreamService, running
 from farm.settings import Settings
+from farm.slots import SlotAllocator
+from tests.encoder import tokens
 from tests.encoder.rtcviewer import RtcViewer
+from tests.encoder.serviceprocess import ServiceProcess, ours_command
 from tests.encoder.test_stream_input import sprite
 from tests.encoder.test_stream_video import api, run
 
@@ -218,3 +223,38 @@ def test_the_encoder_throughput_is_measured_at_start_and_registered(
         assert device["encode_mpx_s"] > 1.0, device
 
     run(stream_service, body)
+
+
+def test_a_killed_services_leases_leave_the_pool_within_their_ttl(redis_url: str) -> None:
+    ttl_s = 2.0
+    env = {
+        "FARM_REDIS_URL": redis_url, "FARM_DEVICE": "cpu", "FARM_STREAM_PORT": "0",
+        "FARM_STREAM_SECRET": tokens.STREAM_SECRET, "FARM_LEASE_TTL_S": str(ttl_s),
+        "FARM_AGENT_TIMEOUT_S": str(ttl_s), "FARM_STREAM_ENCODE_MPX_S": "100",
+    }  # fmt: skip
+    allocator = SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=ttl_s)
+    with ServiceProcess(ours_command(), env=env) as service:
+
+        async def body(http: aiohttp.ClientSession, url: str) -> None:
+            status, session = await api(
+                http, "POST", f"{url}/api/streams/sessions",
+                {"app": "testpattern", "width": 640, "height": 360, "fps": 30},
+            )  # fmt: skip
+            assert status == 201, session
+
+        asyncio.run(_with_http(service.url, body))
+        held = [lease for d in allocator.devices() for lease in d.leases]
+        assert len(held) == 1, held
+        assert service.proc is not None
+        service.proc.kill()
+        service.proc.wait()
+        killed = time.monotonic()
+        # `farm gpus` (the allocator's snapshot) with nobody else calling the allocator
+        while any(d.leases for d in allocator.devices()):
+            assert time.monotonic() - killed < ttl_s * 3, allocator.devices()
+            time.sleep(0.1)  # polling the snapshot until the lease has left it
+
+
+async def _with_http(url: str, body: Any) -> None:
+    async with aiohttp.ClientSession(headers=tokens.operator_headers()) as http:
+        await body(http, url)
