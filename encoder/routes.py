@@ -168,8 +168,12 @@ async def create_session(request: web.Request) -> web.Response:
     body = await _body(request)
     service = request.app[SERVICE]
     name = _str(body, "app")
-    if service.catalog.get(name).desktop and not (claims.operator or claims.admin):
-        raise Forbidden(f"app {name} is a desktop: only a project admin may launch it", app=name)
+    if service.catalog.get(name).desktop and not (claims.operator or claims.desktop):
+        raise Forbidden(
+            f"app {name} is a desktop app: the project's policy does not let your role launch "
+            "it (by default only project admins may)",
+            app=name,
+        )
     project = _str(body, "project") if claims.operator else claims.project
     session = await service.create_session(
         name,

@@ -4,7 +4,10 @@ makes to a stream service, and what the service checks; operators' tokens too.
 A token is ``<payload>.<signature>``, both base64url; the payload is JSON::
 
     {"v": 1, "kind": "viewer", "project": "p", "session": "sid" or "" (a new session),
-     "role": "controller" | "spectator", "admin": false, "exp": 1767225600}
+     "role": "controller" | "spectator", "desktop": false, "exp": 1767225600}
+
+``desktop`` says the project's policy lets this user launch desktop-like apps (a shell: project
+admins only unless the project says otherwise); the web decides it, the service obeys it.
 
 ``kind: operator`` reaches every route of the service (no project or session);
 ``operator_token(secret, ttl_s)`` makes one.
@@ -35,7 +38,7 @@ class StreamClaims:
     project: str = ""
     session: str = ""
     role: str = "spectator"
-    admin: bool = False
+    desktop: bool = False
     v: int = VERSION
 
     @property
@@ -70,12 +73,12 @@ def sign(secret: str, claims: StreamClaims) -> str:
 
 
 def viewer_token(
-    secret: str, project: str, session: str, role: str, ttl_s: float, admin: bool = False
+    secret: str, project: str, session: str, role: str, ttl_s: float, desktop: bool = False
 ) -> str:
     """A token for one project's session (``session=""``: creating one), as ``role``."""
     if role not in ROLES:
         raise ValueError(f"stream role {role!r} is not one of {ROLES}")
-    claims = StreamClaims("viewer", time.time() + ttl_s, project, session, role, admin)
+    claims = StreamClaims("viewer", time.time() + ttl_s, project, session, role, desktop)
     return sign(secret, claims)
 
 

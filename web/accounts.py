@@ -23,6 +23,11 @@ DEFAULT_POLICY: dict[str, tuple[str, ...]] = {
     "member": DEVICE_KINDS,
     "viewer": (),
 }
+#: the weakest role that may launch desktop-like apps where a project says nothing: a shell in a
+#: session is the widest thing a member can run, so only a project's admins by default
+DESKTOP_ROLE = "admin"
+#: what a project may choose instead (viewers never control a session)
+DESKTOP_ROLES = ("admin", "member")
 #: prefix of every API token, so one pasted into the wrong place is recognisable
 TOKEN_PREFIX = "tsr_"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
@@ -127,6 +132,25 @@ class Accounts:
         for role, devices in stored.items():
             out[role] = tuple(d for d in devices.split(",") if d)
         return out
+
+    def desktop_role(self, project: str) -> str:
+        """The weakest role of ``project`` that may launch desktop-like apps (a shell)."""
+        stored = guard(self.conn.hget, keys.project(project), "desktop_role")
+        return stored if stored in ROLE_RANK else DESKTOP_ROLE
+
+    def set_desktop_role(self, project: str, role: str) -> None:
+        if role not in DESKTOP_ROLES:
+            raise BadParameter(
+                f"desktop_apps must be one of {', '.join(DESKTOP_ROLES)} (the weakest role that "
+                f"may launch desktop apps), not {role!r}"
+            )
+        guard(self.conn.hset, keys.project(project), "desktop_role", role)
+
+    def may_launch_desktop(self, user: User, project: str) -> bool:
+        if user.admin:
+            return True
+        role = user.role(project)
+        return role is not None and ROLE_RANK[role] >= ROLE_RANK[self.desktop_role(project)]
 
     def set_policy(self, project: str, role: str, devices: list[str]) -> None:
         check_role(role)

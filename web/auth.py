@@ -249,15 +249,25 @@ async def revoke_token(request: web.Request) -> web.Response:
 async def set_policy(request: web.Request) -> web.Response:
     project = request.match_info["project"]
     role_in(request, project, "admin")
-    body = await jsonio.read_object(request, {"role": str, "devices": list}, required=("role",))
+    body = await jsonio.read_object(request, {"role": str, "devices": list, "desktop_apps": str})
+    if "role" not in body and "desktop_apps" not in body:
+        raise BadParameter("give a role with its devices, or desktop_apps, or both")
     devices = body.get("devices", [])
     if not all(isinstance(d, str) for d in devices):
         raise BadParameter("devices must be a list of device class names")
     accounts = request.app[ACCOUNTS]
-    await blocking(request.app, accounts.set_policy, project, body["role"], devices)
+    if "desktop_apps" in body:
+        await blocking(request.app, accounts.set_desktop_role, project, body["desktop_apps"])
+    if "role" in body:
+        await blocking(request.app, accounts.set_policy, project, body["role"], devices)
     policy = await blocking(request.app, accounts.policy, project)
+    desktop = await blocking(request.app, accounts.desktop_role, project)
     return web.json_response(
-        {"project": project, "policy": {r: list(d) for r, d in policy.items()}}
+        {
+            "project": project,
+            "policy": {r: list(d) for r, d in policy.items()},
+            "desktop_apps": desktop,
+        }
     )
 
 

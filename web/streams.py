@@ -16,7 +16,7 @@ from farm import keys, streamauth
 from farm.errors import BadParameter, FarmError, Forbidden, NoCapacity, NotFound
 from farm.redisclient import guard
 from web import jsonio
-from web.appkeys import CONN, HTTP, SETTINGS, blocking, user_of
+from web.appkeys import ACCOUNTS, CONN, HTTP, SETTINGS, blocking, user_of
 from web.auth import check_device, check_origin, role_in
 
 log = logging.getLogger("tessera.web.streams")
@@ -51,15 +51,19 @@ async def services(request: web.Request) -> list[dict[str, Any]]:
     return found
 
 
-def token(request: web.Request, project: str, session: str = "", role: str = "spectator") -> str:
+def token(
+    request: web.Request,
+    project: str,
+    session: str = "",
+    role: str = "spectator",
+    desktop: bool = False,
+) -> str:
     """A stream token for one call: this project, this session ("" = a new one), as this
-    viewer role; it says whether the user is the project's admin (desktop apps need one)."""
+    viewer role; ``desktop`` when the project's policy lets the user launch desktop apps."""
     settings = request.app[SETTINGS]
     streamauth.check_secret(settings.stream_secret)
-    user = user_of(request)
-    admin = user.admin or user.role(project) == "admin"
     return streamauth.viewer_token(
-        settings.stream_secret, project, session, role, settings.stream_token_ttl_s, admin=admin
+        settings.stream_secret, project, session, role, settings.stream_token_ttl_s, desktop
     )
 
 
@@ -98,9 +102,21 @@ def _answer(status: int, data: Any) -> web.Response:
 
 
 async def apps(request: web.Request) -> web.Response:
+    """The app catalog; with ``?project=``, only the apps the user may launch there (desktop
+    apps only where the project's policy lets the user's role launch them)."""
+    project = request.query.get("project")
+    if project:
+        role_in(request, project)
     service = (await services(request))[0]
     url = service["url"] + "/api/streams/apps"
-    return _answer(*await call(request, "GET", url, auth=operator(request)))
+    status, data = await call(request, "GET", url, auth=operator(request))
+    if project and status == 200 and isinstance(data, dict):
+        desktop = await blocking(
+            request.app, request.app[ACCOUNTS].may_launch_desktop, user_of(request), project
+        )
+        if not desktop:
+            data = {**data, "apps": [a for a in data.get("apps", []) if not a.get("desktop")]}
+    return _answer(status, data)
 
 
 async def ice(request: web.Request) -> web.Response:
@@ -173,11 +189,14 @@ async def create_session(request: web.Request) -> web.Response:
         raise last_denied
     user = user_of(request).name
     payload = {**body, "owner": user}
+    desktop = await blocking(
+        request.app, request.app[ACCOUNTS].may_launch_desktop, user_of(request), project
+    )
     status, data = 503, None
     for service in allowed:
         status, data = await call(
             request, "POST", service["url"] + "/api/streams/sessions", payload,
-            auth=token(request, project, role="controller"),
+            auth=token(request, project, role="controller", desktop=desktop),
         )  # fmt: skip
         if status == 201:
             owner = {"project": project, "user": user, "url": service["url"]}

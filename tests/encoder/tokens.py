@@ -17,5 +17,5 @@ def operator_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {operator()}"}
 
 
-def viewer(session: str, role: str = "controller", project: str = "", admin: bool = False) -> str:
-    return streamauth.viewer_token(STREAM_SECRET, project, session, role, 300, admin=admin)
+def viewer(session: str, role: str = "controller", project: str = "", desktop: bool = False) -> str:
+    return streamauth.viewer_token(STREAM_SECRET, project, session, role, 300, desktop=desktop)

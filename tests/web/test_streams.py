@@ -128,3 +128,52 @@ async def test_a_websocket_viewer_through_the_web_is_project_checked_and_gets_th
             assert (hello["role"], hello["controlling"]) == ("player", True)
         ended = await client.delete(f"/api/streams/sessions/{sid}", headers=alice)
         assert ended.status == 204
+
+
+async def test_desktop_apps_follow_the_projects_policy(
+    web_settings: Settings, tokens: Tokens
+) -> None:
+    from encoder.service import StreamService
+
+    web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
+    stream_settings = web_settings.with_(
+        device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
+    )
+    conn = jobstore.connect(web_settings.redis_url)
+    try:
+        accounts = Accounts(conn)
+        accounts.set_role("ada", "A", "admin")
+        ada = bearer(accounts.create_token("ada").token)
+    finally:
+        conn.close()
+    alice = bearer(tokens.alice)
+    desktop = {"app": "desktop", "project": "A", "width": 640, "height": 360, "fps": 10}
+
+    async def launchable() -> set[str]:
+        got = await client.get("/api/streams/apps?project=A", headers=alice)
+        assert got.status == 200, await got.text()
+        return {a["name"] for a in (await got.json())["apps"]}
+
+    async with api(web_settings) as client, StreamService(stream_settings):
+        # by default a shell is for project admins: a member neither sees nor launches one
+        assert "desktop" not in await launchable()
+        refused = await client.post("/api/streams/sessions", json=desktop, headers=alice)
+        assert refused.status == 403
+        assert "policy" in (await refused.json())["error"]["message"]
+        bad = await client.put(
+            "/api/projects/A/policy", json={"desktop_apps": "viewer"}, headers=ada
+        )
+        assert bad.status == 400
+        member_may = await client.put(
+            "/api/projects/A/policy", json={"desktop_apps": "member"}, headers=alice
+        )
+        assert member_may.status == 403  # a member cannot widen its own rights
+        opened = await client.put(
+            "/api/projects/A/policy", json={"desktop_apps": "member"}, headers=ada
+        )
+        assert opened.status == 200 and (await opened.json())["desktop_apps"] == "member"
+        assert "desktop" in await launchable()
+        made = await client.post("/api/streams/sessions", json=desktop, headers=alice)
+        assert made.status == 201, await made.text()
+        sid = (await made.json())["session_id"]
+        assert (await client.delete(f"/api/streams/sessions/{sid}", headers=alice)).status == 204

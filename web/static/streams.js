@@ -58,7 +58,8 @@ function sessionRow(s) {
 
 async function loadApps() {
   try {
-    const data = await api("/api/streams/apps");
+    // only what this project lets the user launch (desktop apps by its policy)
+    const data = await api("/api/streams/apps?project=" + encodeURIComponent(page.project()));
     const apps = data.apps || [];
     $("#apps").replaceChildren(...apps.map(appCard));
     $("#apps-empty").hidden = apps.length > 0;
@@ -83,7 +84,7 @@ async function loadSessions() {
   }
 }
 
-page = await startPage("streams", loadSessions);
+page = await startPage("streams", () => { loadApps(); loadSessions(); });
 if (page) {
   $("#refresh").addEventListener("click", () => { loadApps(); loadSessions(); });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) loadSessions(); });
