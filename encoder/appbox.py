@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from encoder import audio
 from encoder.catalog import App
 from encoder.display import APP_MARK
 from encoder.resize import largest, open_screen
@@ -40,10 +41,12 @@ FIRST_DISPLAY, LAST_DISPLAY = 100, 999
 #: how long Xvfb may take to announce its display number
 START_TIMEOUT_S = 10.0
 #: the sandbox's first program: Xvfb in the background (it writes N on stdout once it serves),
-#: then, once the service answers on stdin, the app with the session's stdio closed; "missing"
-#: on stdout where the app's program is not in the sandbox
+#: the session's sound server where $PULSE_SOCKET is set (encoder/audio.py), then, once the
+#: service answers on stdin, the app with the session's stdio closed; "missing" on stdout
+#: where the app's program is not in the sandbox
 LAUNCHER = (
     'command -v "$3" >/dev/null || { echo missing; exit 127; }; '
+    f'[ -z "$PULSE_SOCKET" ] || {audio.SERVER} </dev/null >/dev/null 2>&1 & '
     'Xvfb ":$1" -displayfd 1 -screen 0 "$2" -nolisten tcp -nolisten local -noreset '
     "+extension XTEST -ac </dev/null 2>/dev/null & "
     'exec >/dev/null; read -r _; shift 2; exec "$@" </dev/null'
@@ -66,7 +69,9 @@ def session_spec(
     settings: Settings, app: App, x11_dir: Path, display: int, name: str, home: Path | None = None
 ) -> SandboxSpec:
     """The sandbox a session's display and app run in (the security tests run probes in it);
-    ``home``, a host folder, is its home folder (the session's files come and go there)."""
+    ``home``, a host folder, is its home folder (the session's files come and go there). With
+    sound (the app's ``audio`` and FARM_STREAM_AUDIO) its pulse server's socket is in the X
+    socket folder and the app finds it through PULSE_SERVER."""
     ro = sandbox.runtime_binds("encoder")
     if app.network:
         ro += sandbox.network_binds()
@@ -77,12 +82,27 @@ def session_spec(
         name=name,
         ro_binds=ro,
         rw_binds=rw,
-        env={"DISPLAY": f":{display}", APP_MARK: str(os.getpid())},
+        env={"DISPLAY": f":{display}", APP_MARK: str(os.getpid()), **_pulse_env(settings, app)},
         network=app.network,
         limits=limits(settings, app),
         uid=settings.sandbox_uid,
         gid=settings.sandbox_gid,
     )
+
+
+def has_audio(settings: Settings, app: App) -> bool:
+    return app.audio and settings.stream_audio != 0
+
+
+def _pulse_env(settings: Settings, app: App) -> dict[str, str]:
+    if not has_audio(settings, app):
+        return {}
+    sock = X11_DIR / audio.SOCKET_NAME
+    return {
+        "PULSE_SOCKET": str(sock),
+        "PULSE_SERVER": f"unix:{sock}",
+        "PULSE_RUNTIME_PATH": "/tmp/pulse-runtime",
+    }
 
 
 def _claim_display() -> tuple[int, Path]:
@@ -182,6 +202,9 @@ class SandboxedApp:
                 os.close(ready_w)
                 ready_w = -1
                 self._await_display(ready_r)
+                if self.pulse_socket is not None:
+                    # the app's first sound must find the server
+                    audio.wait_for_socket(self.pulse_socket, self.box.proc)
                 if self.framebuffer != (self.app.width, self.app.height):
                     # the app starts on a screen of the session's size, not the framebuffer's
                     open_screen(self.display, self.app.width, self.app.height)
@@ -220,6 +243,13 @@ class SandboxedApp:
             )
         if int(data.strip()) != self.number:
             raise SourceFailed(f"Xvfb took display {data.strip()!r}, not :{self.number}")
+
+    @property
+    def pulse_socket(self) -> Path | None:
+        """The host path of the session's sound server's socket (None: no sound)."""
+        if self._dir is None or not has_audio(self.settings, self.app):
+            return None
+        return self._dir / audio.SOCKET_NAME
 
     def pids(self) -> list[int]:
         return self.box.pids() if self.box is not None else []

@@ -39,6 +39,9 @@ class App:
     """Process limit of the session's sandbox; None = FARM_STREAM_PIDS."""
     cpu_cores: float | None = None
     """CPU limit of the session's sandbox; None = FARM_STREAM_CPU_CORES."""
+    audio: bool = False
+    """The session sends the app's sound (a sound server in its sandbox; FARM_STREAM_AUDIO=0
+    turns it off for every app)."""
 
     @property
     def needs_display(self) -> bool:
@@ -53,6 +56,7 @@ class App:
             "fps": self.fps,
             "network": self.network,
             "desktop": self.desktop,
+            "audio": self.audio,
         }
 
     def sized(self, width: int | None, height: int | None, fps: int | None) -> App:
@@ -83,7 +87,7 @@ def check_geometry(width: int, height: int, fps: int) -> None:
 #: the fields an app of FARM_STREAM_APPS may have
 FIELDS = frozenset(
     {"name", "title", "command", "width", "height", "fps", "network", "desktop", "memory_mib",
-     "pids", "cpu_cores"}
+     "pids", "cpu_cores", "audio"}
 )  # fmt: skip
 
 
@@ -94,11 +98,13 @@ def builtin_apps() -> list[App]:
             "Desktop (Openbox + terminal)",
             ("sh", "-c", "openbox & exec xterm -geometry 100x30+40+40"),
             desktop=True,
+            audio=True,
         ),
         App(
             "game",
             "Built-in game (arrow keys / WASD, click)",
             (sys.executable, "-m", "encoder.game"),
+            audio=True,
         ),
         App(TESTPATTERN, "Test pattern (frame counter and capture time)", ()),
     ]
@@ -170,6 +176,7 @@ def _app(path: Path, index: int, entry: object) -> App:
         fps=entry.get("fps", 60),
         network=_flag(where, entry, "network"),
         desktop=_flag(where, entry, "desktop"),
+        audio=_flag(where, entry, "audio"),
         memory_mib=_limit(where, entry, "memory_mib", int),
         pids=_limit(where, entry, "pids", int),
         cpu_cores=_limit(where, entry, "cpu_cores", float),

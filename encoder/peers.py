@@ -23,6 +23,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtp import RTCP_PSFB_APP, RTCP_PSFB_FIR, RTCP_PSFB_PLI, RtcpPsfbPacket, unpack_remb_fci
 
 from encoder import playoutdelay
+from encoder.audio import AudioTrack
 from encoder.videoencoder import Packet
 from farm.errors import BadParameter
 
@@ -124,8 +125,11 @@ class Viewer:
         on_message: Callable[[Viewer, object], dict[str, Any] | None],
         on_closed: Callable[[Viewer], None],
         fps: int = 30,
+        audio: AudioTrack | None = None,
     ) -> None:
         self.id, self.role, self.name = viewer_id, role, name
+        #: the session's sound (encoder/audio.py), sent where the offer has an audio section
+        self.audio = audio
         self.on_keyframe_request = on_keyframe_request
         self.on_bitrate_estimate = on_bitrate_estimate
         self.on_message, self.on_closed = on_message, on_closed
@@ -151,6 +155,11 @@ class Viewer:
             if codec.mimeType.lower() in ("video/h264", "video/rtx")
         ]
         transceiver.setCodecPreferences(h264)
+        if self.audio is not None and "m=audio" in offer_sdp:
+            sound = self.pc.addTransceiver(self.audio, direction="sendonly")
+            sound.setCodecPreferences(
+                [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.name == "opus"]
+            )
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
         except (ValueError, KeyError, IndexError) as exc:
@@ -214,6 +223,8 @@ class Viewer:
     async def close(self) -> None:
         self._closed = True
         self.track.stop()
+        if self.audio is not None:
+            self.audio.stop()
         await self.pc.close()
 
     def to_json(self, controlling: bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from typing import Any, ParamSpec, TypeVar, cast
 
+from encoder.audio import AudioFeed
 from encoder.catalog import App
 from encoder.control import InputControl
 from encoder.messages import RateLimit, Rejected, parse
@@ -97,6 +98,8 @@ class StreamSession:
         self.dropped: Counter[str] = Counter()
         self._rates: dict[str, RateLimit] = {}
         self.source: Source = make_source(app, settings, f"stream-{self.id}")
+        #: the session's sound for its WebRTC viewers (None: the app has none, or it is off)
+        self.audio: AudioFeed | None = None
         self.pipeline: Pipeline | None = None
         # every callback handed out holds the session weakly: an ended session is freed at once
         # by reference counting, not later by the cycle collector (issue #18: 100 -> 416 MiB)
@@ -152,6 +155,9 @@ class StreamSession:
         source = self.source
         source.start(functools.partial(_weak(self._source_exited), source))
         assert self.source.grabber is not None
+        if source.has_audio:
+            self.audio = self.audio or AudioFeed(self._loop)
+            source.start_audio(self.audio)
         s = self.settings
         min_bps, max_bps = s.stream_min_kbps * 1000, s.stream_max_kbps * 1000
         app = self.app
@@ -358,6 +364,7 @@ class StreamSession:
             on_message=_weak(self._message),
             on_closed=_weak(self._viewer_closed),
             fps=self.app.fps,
+            audio=self.audio.track() if self.audio is not None else None,
         )
         try:
             answer = await viewer.answer(offer_sdp)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from encoder.appbox import SandboxedApp
+from encoder.audio import AudioFeed, PulseCapture
 from encoder.capture import FrameSlot, Grabber, PatternGrabber
 from encoder.catalog import App
 from encoder.display import APP_MARK, XDisplay
@@ -55,6 +56,15 @@ class Source:
     def home(self) -> Path | None:
         """The session's home folder on the host, where files are exchanged (None: none)."""
         return None
+
+    @property
+    def has_audio(self) -> bool:
+        """The app plays into a sound server of the session's (start_audio captures it)."""
+        return False
+
+    def start_audio(self, feed: AudioFeed) -> None:
+        """Capture the app's sound into ``feed`` (once started, where ``has_audio``)."""
+        raise NotImplementedError
 
     def resize(self, width: int, height: int) -> tuple[int, int] | None:
         """Make the display ``width`` x ``height`` (within its framebuffer); the size it now
@@ -175,6 +185,7 @@ class SandboxedSource(Source):
         super().__init__(app)
         self.box = SandboxedApp(settings, app, name)
         self._stopping = False
+        self.audio: PulseCapture | None = None
 
     def start(self, on_exit: Callable[[str], None]) -> None:
         try:
@@ -196,10 +207,22 @@ class SandboxedSource(Source):
         if not self._stopping:
             on_exit(f"app {self.app.name} exited with status {code}")
 
+    @property
+    def has_audio(self) -> bool:
+        return self.box.pulse_socket is not None
+
+    def start_audio(self, feed: AudioFeed) -> None:
+        socket = self.box.pulse_socket
+        assert socket is not None
+        self.audio = PulseCapture(socket, feed)
+
     def stop(self) -> None:
         self._stopping = True
         if self.grabber is not None:
             self.grabber.stop()
+        if self.audio is not None:
+            self.audio.stop()
+            self.audio = None
         if self.input is not None:
             self.input.close()
             self.input = None

@@ -282,6 +282,12 @@ class Settings:
     stream_file_max_mib: int = 256
     """FARM_STREAM_FILE_MAX_MIB: the largest file a viewer may upload into a session's home."""
 
+    # --- H10: stream sessions' audio (issue #18 item 3) --------------------------------------
+
+    stream_audio: int = 1
+    """FARM_STREAM_AUDIO: 1 = sessions of apps with ``audio`` in the catalog send their sound
+    (a PulseAudio null sink in the session's sandbox, Opus to every viewer); 0 = none does."""
+
     # --- H2: the Blender child's sandbox (issue #11 item 3) --------------------------------
 
     blender_memory_mib: int = 0
@@ -528,6 +534,7 @@ ENV: dict[str, tuple[str, type, float]] = {
     "stream_resize_max_width": ("FARM_STREAM_RESIZE_MAX_WIDTH", int, 64),
     "stream_resize_max_height": ("FARM_STREAM_RESIZE_MAX_HEIGHT", int, 64),
     "stream_file_max_mib": ("FARM_STREAM_FILE_MAX_MIB", int, 1),
+    "stream_audio": ("FARM_STREAM_AUDIO", int, 0),
     # H2: the Blender child's sandbox
     "blender_memory_mib": ("FARM_BLENDER_MEMORY_MIB", int, 0),
     "blender_pids": ("FARM_BLENDER_PIDS", int, 0),

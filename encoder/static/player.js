@@ -45,6 +45,11 @@
     gamepadsSent: 0,
     // the files of the session's home folder (controlling viewer): [{name, size}]
     files: null,
+    // the session's sound: its MediaStream once it came (null: the session sends none), and
+    // whether this page plays it (the browser may refuse sound before a click: then muted)
+    audioStream: null,
+    muted: false,
+    setMuted,
     send,
     takeControl,
     leave,
@@ -211,6 +216,7 @@
     const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
     lowDelay(transceiver.receiver);
     preferH264(transceiver);
+    pc.addTransceiver("audio", { direction: "recvonly" }); // sessions of apps with sound fill it
     channel = pc.createDataChannel("input", { ordered: true });
     channel.onmessage = onMessage;
     channel.onclose = () => {
@@ -221,6 +227,7 @@
 
     pc.ontrack = (event) => {
       lowDelay(event.receiver);
+      if (event.track.kind === "audio") return playAudio(event.track);
       video.srcObject = event.streams[0] || new MediaStream([event.track]);
       video.play().catch(() => { /* autoplay of muted video is allowed; a user click plays */ });
     };
@@ -292,6 +299,27 @@
       clearError();
     } catch (err) {
       showError(err);
+    }
+  }
+
+  // ------------------------------------------------------------------ sound
+  function playAudio(track) {
+    const audio = $("audio");
+    tessera.audioStream = new MediaStream([track]);
+    audio.srcObject = tessera.audioStream;
+    $("sound").hidden = false;
+    setMuted(tessera.muted);
+  }
+
+  function setMuted(muted) {
+    const audio = $("audio");
+    tessera.muted = muted;
+    audio.muted = muted;
+    $("sound").textContent = muted ? "Sound off" : "Sound on";
+    $("sound").setAttribute("aria-pressed", String(!muted));
+    if (!muted && audio.srcObject) {
+      // without a click first the browser may refuse to play sound: show it as muted
+      audio.play().catch(() => setMuted(true));
     }
   }
 
@@ -918,6 +946,7 @@
   $("control").addEventListener("click", takeControl);
   $("record").addEventListener("click", () => record(!tessera.recording));
   $("latency-toggle").addEventListener("click", () => showLatency(!latency.on));
+  $("sound").addEventListener("click", () => setMuted(!tessera.muted));
   if (params.get("latency") === "1") showLatency(true);
   $("leave").addEventListener("click", () => leave(false));
   $("end").addEventListener("click", () => leave(true));

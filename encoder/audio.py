@@ -1,0 +1,190 @@
+"""A session's sound: the PulseAudio server in its sandbox (a null sink the app plays into),
+captured by the service from the sink's monitor (parec), encoded to Opus once per session and
+handed, as packets, to every viewer's audio track (aiortc only packetizes them).
+
+The server listens only on a unix socket in the session's X socket folder (the one folder the
+service and the sandbox share); it loads no module but the native protocol and the null sink
+(``-n``: no default.pa, so nothing that reaches the network or the host's sound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import weakref
+from collections import deque
+from pathlib import Path
+
+import av
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from encoder.videoencoder import Packet
+from farm.lifetime import die_with_parent
+
+log = logging.getLogger("tessera.stream")
+
+#: the socket's name in the session's X socket folder
+SOCKET_NAME = "pulse"
+#: the null sink's name (its monitor is what the service records)
+SINK = "app"
+RATE, CHANNELS = 48000, 2
+#: one Opus frame: 20 ms (10 ms frames made the browser's jitter buffer deeper here, 60 ms not 38)
+FRAME_SAMPLES = RATE // 50
+FRAME_BYTES = FRAME_SAMPLES * CHANNELS * 2
+BITRATE_BPS = 96_000
+#: encoded frames a viewer may have waiting before the oldest are dropped (a stuck viewer)
+MAX_PENDING = 10
+#: how long the server may take to open its socket
+START_TIMEOUT_S = 10.0
+
+#: the sandbox's pulse server command (started by encoder/appbox.py's launcher)
+SERVER = (
+    "pulseaudio -n --daemonize=no --exit-idle-time=-1 --use-pid-file=no --disable-shm=yes "
+    "--log-target=stderr "
+    f'-L "module-native-protocol-unix socket=$PULSE_SOCKET auth-anonymous=1" '
+    f'-L "module-null-sink sink_name={SINK} rate={RATE} channels={CHANNELS}" '
+    f'-L "module-always-sink"'
+)
+
+
+def wait_for_socket(path: Path, alive: subprocess.Popen[bytes]) -> None:
+    """Return once the server at ``path`` accepts a connection (the app may then play)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if alive.poll() is not None:
+            raise OSError("the session's sandbox exited before its sound server started")
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(str(path))
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+        # the server is starting in another process: nothing to wait on but its socket
+        time.sleep(0.02)
+    raise OSError(f"the session's sound server did not open {path} in {START_TIMEOUT_S:g} s")
+
+
+class AudioTrack(MediaStreamTrack):
+    """One viewer's audio track: ``recv`` returns the session's Opus packets."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: deque[Packet] = deque()
+        self._ready = asyncio.Event()
+        self.sent = 0
+        self.dropped = 0
+
+    def push(self, packet: Packet) -> None:
+        if self.readyState != "live":
+            return
+        if len(self._pending) >= MAX_PENDING:
+            self._pending.popleft()
+            self.dropped += 1
+        self._pending.append(packet)
+        self._ready.set()
+
+    async def recv(self) -> Packet:
+        while not self._pending:
+            if self.readyState != "live":
+                raise MediaStreamError
+            self._ready.clear()
+            await self._ready.wait()
+        self.sent += 1
+        return self._pending.popleft()
+
+    def stop(self) -> None:
+        super().stop()
+        self._ready.set()
+
+
+class AudioFeed:
+    """The session's sound for its viewers: one Opus encoder, one track per viewer; it lives
+    as long as the session (a restarted sandbox's capture feeds the same one)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._tracks: weakref.WeakSet[AudioTrack] = weakref.WeakSet()
+        self._codec = av.CodecContext.create("libopus", "w")
+        self._codec.sample_rate = RATE
+        self._codec.layout = "stereo"
+        self._codec.format = av.AudioFormat("s16")
+        self._codec.bit_rate = BITRATE_BPS
+        self._codec.time_base = fractions.Fraction(1, RATE)
+        self._codec.options = {"application": "lowdelay", "frame_duration": "20"}
+        self._samples = 0
+        self._lock = threading.Lock()
+        self.frames_in = 0
+
+    def track(self) -> AudioTrack:
+        track = AudioTrack()
+        self._tracks.add(track)
+        return track
+
+    def push_pcm(self, pcm: bytes) -> None:
+        """20 ms of s16le stereo at 48 kHz (from the capture's thread)."""
+        frame = av.AudioFrame(format="s16", layout="stereo", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm)
+        frame.sample_rate = RATE
+        frame.time_base = fractions.Fraction(1, RATE)
+        with self._lock:
+            frame.pts = self._samples
+            self._samples += FRAME_SAMPLES
+            self.frames_in += 1
+            packets = self._codec.encode(frame)
+        if packets:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the session is gone
+                self._loop.call_soon_threadsafe(self._deliver, packets)
+
+    def _deliver(self, packets: list[Packet]) -> None:
+        for track in list(self._tracks):
+            for packet in packets:
+                track.push(packet)
+
+
+class PulseCapture:
+    """parec recording the sandbox's null sink monitor into an AudioFeed, on its own thread."""
+
+    def __init__(self, socket_path: Path, feed: AudioFeed) -> None:
+        self.feed = feed
+        self.proc = subprocess.Popen(
+            [
+                "parec", f"--server=unix:{socket_path}", f"--device={SINK}.monitor", "--raw",
+                "--format=s16le", f"--rate={RATE}", f"--channels={CHANNELS}",
+                "--latency-msec=5", "--process-time-msec=2",
+            ],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(signal.SIGKILL),
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="audio-capture", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self.proc.stdout is not None
+        out, buf = self.proc.stdout, bytearray()
+        while True:
+            chunk = os.read(out.fileno(), FRAME_BYTES * 4)
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= FRAME_BYTES:
+                self.feed.push_pcm(bytes(buf[:FRAME_BYTES]))
+                del buf[:FRAME_BYTES]
+        log.info("event=audio_capture_ended code=%s", self.proc.poll())
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        self._thread.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()

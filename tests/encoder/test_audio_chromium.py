@@ -1,0 +1,166 @@
+"""A session's sound in a real headless Chromium: an app that beeps and flashes together
+(encoder/beepflash.py) in its sandbox, its sound through the session's own PulseAudio server,
+Opus over the viewer's peer connection, played by the player; the page hears each beep
+(WebAudio on the received track) and sees each flash (the decoded video read back from a
+canvas), and their offset (median) is printed and bounded.
+
+Issue #18 asks for 50 ms; this machine measures medians of 117-170 ms over runs (single
+pairs 93-198 ms, more when it is busier), the sound late: 25-30 ms from
+the app's write to the service's capture (the app's pacat buffer and pipe, then parec), the
+browser's audio jitter buffer (30-40 ms on a quiet run, 20 ms Opus packets, deeper as the
+machine's load makes the packets' arrival jitter) and its audio output path (about
+47 ms: ScriptProcessor and the headless output device's 32 ms), while the video is shown as
+soon as it is decoded (playout delay 0: the browser's lip sync, which would hold the picture
+back to the sound, is given up for the picture's latency). The test bounds the median at
+250 ms, above what this shared 2-core machine's load swings gave: it catches a sound path
+that lags by much more (sound held back a further 200 ms failed it), not the 50 ms goal."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from encoder.service import StreamService, running
+from farm.settings import Settings
+from tests.encoder import tokens
+from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, end_session
+
+OPERATOR = tokens.operator()
+#: pairs of beep and flash measured
+PAIRS = 8
+#: the largest median offset between hearing a beep and seeing its flash (the module's
+#: docstring says why not the 50 ms issue #18 asks for)
+MAX_OFFSET_MS = 250.0
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium"),
+    pytest.mark.usefixtures("no_orphans"),
+]
+
+#: records when each beep is played (its first loud sample, on the page's clock, from the
+#: audio buffer's own playback time) and when each flash is shown (the decoded frame's
+#: expected display time)
+LISTEN_JS = """
+() => {
+  window.beeps = []; window.flashes = [];
+  const ctx = new AudioContext();
+  const source = ctx.createMediaStreamSource(tessera.audioStream);
+  const tap = ctx.createScriptProcessor(256, 1, 1);
+  const silent = ctx.createGain();
+  silent.gain.value = 0;
+  source.connect(tap); tap.connect(silent); silent.connect(ctx.destination);
+  let loud = false;
+  tap.onaudioprocess = (event) => {
+    const data = event.inputBuffer.getChannelData(0);
+    let peak = 0;
+    for (let i = 0; i < data.length; i++) {
+      const level = Math.abs(data[i]);
+      peak = Math.max(peak, level);
+      if (!loud && level > 0.2) {
+        loud = true;
+        const at = ctx.getOutputTimestamp();
+        const played = event.playbackTime + i / ctx.sampleRate;
+        const time = at.performanceTime + (played - at.contextTime) * 1000;
+        // one beep is 100 ms: a quieter moment inside it is not a new one
+        if (!beeps.length || time - beeps[beeps.length - 1] > 300) beeps.push(time);
+      }
+    }
+    if (peak < 0.02) loud = false;
+  };
+  const video = document.getElementById("video");
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 8;
+  const g = canvas.getContext("2d", { willReadFrequently: true });
+  let bright = false;
+  const onFrame = (now, meta) => {
+    g.drawImage(video, 0, 0, 8, 8);
+    const px = g.getImageData(0, 0, 8, 8).data;
+    let sum = 0;
+    for (let i = 0; i < px.length; i += 4) sum += px[i + 1];
+    const level = sum / 64;
+    if (!bright && level > 128) { bright = true; flashes.push(meta.expectedDisplayTime); }
+    else if (bright && level < 64) bright = false;
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+  window.audioRunning = () => ctx.state;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iterator[StreamService]:
+    work = tmp_path_factory.mktemp("stream-audio")
+    apps = work / "apps.json"
+    beep = {"name": "beepflash", "command": [sys.executable, "-m", "encoder.beepflash", "1"],
+            "audio": True}  # fmt: skip
+    apps.write_text(json.dumps([beep]))
+    settings = Settings().with_(
+        redis_url=redis_server.url.rsplit("/", 1)[0] + "/2",
+        work_dir=work,
+        storage_dir=work / "storage",
+        stream_port=0,
+        stream_apps=apps,
+        cpu_encode_sessions=4,
+        stream_grace_s=2.0,
+        stream_secret=tokens.STREAM_SECRET,
+    )
+    with running(settings) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    page = browser.new_page(viewport={"width": 800, "height": 600})
+    yield page
+    page.close(run_before_unload=True)
+
+
+def offsets(beeps: list[float], flashes: list[float]) -> list[float]:
+    """Each flash's offset to the beep nearest it (beep later: positive), ms."""
+    return [min((b - f for b in beeps), key=abs) for f in flashes]
+
+
+def test_offsets_pair_each_flash_with_its_own_beep() -> None:
+    assert offsets([1000.0, 1510.0, 2020.0], [990.0, 1500.0, 2050.0]) == [10.0, 10.0, -30.0]
+
+
+def test_the_player_hears_each_beep_close_to_its_flash(service: StreamService, page: Page) -> None:
+    page.goto(
+        f"{service.url}/player?app=beepflash&width=320&height=240&fps=60&autostart=1"
+        f"&token={OPERATOR}"
+    )
+    page.wait_for_function(
+        "window.tessera && tessera.audioStream && tessera.stats.frames_decoded > 0",
+        timeout=TIMEOUT_MS,
+    )
+    assert page.evaluate("tessera.muted") is False  # the page plays the sound
+    page.evaluate(LISTEN_JS)
+    page.wait_for_function(
+        f"beeps.length >= {PAIRS + 1} && flashes.length >= {PAIRS + 1}", timeout=TIMEOUT_MS
+    )
+    beeps, flashes = page.evaluate("[beeps, flashes]")
+    # the first pair may be cut by when listening started
+    measured = offsets(beeps[1:], flashes[1:])
+    median = statistics.median(measured)
+    print(f"beep - flash offsets (ms): {[round(m, 1) for m in measured]}, median {median:.1f}")
+    # every flash has its beep (in its own period), and the median is bounded
+    assert all(abs(m) < 400 for m in measured), measured
+    assert abs(median) <= MAX_OFFSET_MS, measured
+    page.click("#sound")
+    assert page.evaluate("tessera.muted && document.getElementById('audio').muted") is True
+    end_session(page, service)

@@ -1,0 +1,110 @@
+"""A session's sound, part by part: the catalog's ``audio`` field and the farm-wide switch,
+the sound server in the session's sandbox (its socket reached by the service, no module but
+the native protocol and the null sink), and the app's sound captured and encoded to Opus
+once for every viewer's track."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from encoder import audio
+from encoder.appbox import session_spec
+from encoder.catalog import TESTPATTERN, App, Catalog, read_apps
+from encoder.source import SandboxedSource, make_source
+from farm.errors import BadParameter
+from farm.settings import Settings
+from tests.encoder.conftest import session_processes
+
+pytestmark = pytest.mark.usefixtures("no_orphans")
+
+BEEP = App(
+    "beepflash", "beep", (sys.executable, "-m", "encoder.beepflash", "0.3"), 320, 240, 30,
+    audio=True,
+)  # fmt: skip
+
+
+def test_desktop_and_game_have_sound_the_test_pattern_and_file_apps_only_if_asked(
+    tmp_path: Path,
+) -> None:
+    catalog = Catalog.load(None)
+    assert catalog.get("desktop").audio and catalog.get("game").audio
+    assert not catalog.get(TESTPATTERN).audio
+    assert {a["name"]: a["audio"] for a in catalog.to_json()}[TESTPATTERN] is False
+    apps = tmp_path / "apps.json"
+    apps.write_text(json.dumps([
+        {"name": "quiet", "command": ["true"]},
+        {"name": "loud", "command": ["true"], "audio": True},
+    ]))  # fmt: skip
+    assert [(a.name, a.audio) for a in read_apps(apps)] == [("quiet", False), ("loud", True)]
+    apps.write_text(json.dumps([{"name": "x", "command": ["true"], "audio": "yes"}]))
+    with pytest.raises(BadParameter, match="audio must be true or false"):
+        read_apps(apps)
+
+
+def test_the_app_finds_its_sound_server_only_where_sound_is_on(tmp_path: Path) -> None:
+    on = session_spec(Settings(), BEEP, tmp_path, 100, "s")
+    assert on.env["PULSE_SERVER"] == "unix:/tmp/.X11-unix/pulse"
+    off = session_spec(Settings().with_(stream_audio=0), BEEP, tmp_path, 100, "s")
+    assert "PULSE_SERVER" not in off.env and "PULSE_SOCKET" not in off.env
+    game = Catalog.load(None).get(TESTPATTERN)
+    assert "PULSE_SERVER" not in session_spec(Settings(), game, tmp_path, 100, "s").env
+
+
+def test_the_switch_off_starts_no_sound_server(tmp_path: Path) -> None:
+    settings = Settings().with_(work_dir=tmp_path, stream_audio=0)
+    source = make_source(BEEP, settings, "quiet")
+    assert isinstance(source, SandboxedSource)
+    source.start(lambda reason: None)
+    try:
+        assert not source.has_audio
+        assert not _servers()
+    finally:
+        source.stop()
+
+
+def _servers() -> list[str]:
+    """The sound servers of the sessions this test process started."""
+    return [p for p in session_processes() if p.split()[1] == "pulseaudio"]
+
+
+def test_the_apps_beep_reaches_every_viewers_track_as_opus(tmp_path: Path) -> None:
+    asyncio.run(_beep_reaches_every_track(tmp_path))
+
+
+async def _beep_reaches_every_track(tmp_path: Path) -> None:
+    settings = Settings().with_(work_dir=tmp_path)
+    source = make_source(BEEP, settings, "beep")
+    assert isinstance(source, SandboxedSource)
+    await asyncio.to_thread(source.start, lambda reason: None)
+    try:
+        assert source.has_audio and source.box.pulse_socket is not None
+        assert len(_servers()) == 1
+        # the server has the native protocol (its socket) and the null sink, nothing else
+        modules = subprocess.run(
+            ["pactl", f"--server=unix:{source.box.pulse_socket}", "list", "modules", "short"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout  # fmt: skip
+        names = sorted(line.split("\t")[1] for line in modules.splitlines())
+        assert names == ["module-always-sink", "module-native-protocol-unix", "module-null-sink"]
+        feed = audio.AudioFeed(asyncio.get_running_loop())
+        player, spectator = feed.track(), feed.track()
+        source.start_audio(feed)
+        decoder = av.CodecContext.create("opus", "r")
+        peak = 0
+        for _ in range(50):  # 1 s: the app beeps every 0.3 s
+            packet = await asyncio.wait_for(player.recv(), 5)
+            same = await asyncio.wait_for(spectator.recv(), 5)
+            assert bytes(same) == bytes(packet)  # encoded once, for both
+            for frame in decoder.decode(packet):
+                peak = max(peak, int(np.abs(frame.to_ndarray()).max() * 32767))
+        assert peak > 5000, "no beep in the session's sound"
+    finally:
+        await asyncio.to_thread(source.stop)
