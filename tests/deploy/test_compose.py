@@ -163,6 +163,14 @@ def test_prometheus_scrapes_each_farm_service_where_it_serves_metrics(
         f"stream:{stream.stream_port}",
     }
     assert services["prometheus"]["profiles"] == ["monitoring"]
+    # /metrics of the web and the stream service needs a token: the one Prometheus sends
+    bearer = {job["job_name"]: job.get("authorization", {}) for job in config["scrape_configs"]}
+    token_file = "/prometheus/metrics-token"
+    for job in ("tessera-web", "tessera-stream"):
+        assert bearer[job] == {"type": "Bearer", "credentials_file": token_file}, job
+    raw = [services[s]["environment"] for s in ("web", "stream", "prometheus")]
+    assert raw[0]["FARM_METRICS_TOKEN"] == raw[1]["FARM_METRICS_TOKEN"] == raw[2]["METRICS_TOKEN"]
+    assert token_file in " ".join(services["prometheus"]["entrypoint"])
 
 
 def test_the_image_holds_every_package_and_starts_a_farm_command() -> None:

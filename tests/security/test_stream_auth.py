@@ -16,6 +16,9 @@ from farm import streamauth
 from farm.settings import Settings
 from tests.encoder import tokens
 
+#: FARM_METRICS_TOKEN of the service under test: Prometheus' static scrape token
+SCRAPE_TOKEN = "scrape-" + "y" * 24
+
 
 @pytest.fixture(scope="module")
 def service(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamService]:
@@ -26,6 +29,7 @@ def service(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         stream_port=0,
         cpu_encode_sessions=3,
         stream_secret=tokens.STREAM_SECRET,
+        metrics_token=SCRAPE_TOKEN,
     )
     with running(settings) as svc:
         yield svc
@@ -137,6 +141,15 @@ def test_desktop_apps_are_for_project_admins(service: StreamService) -> None:
     # operators only here: the routes a project's token does not reach
     assert call(service, "GET", "/api/streams/device", member)[0] == 403
     assert call(service, "GET", "/metrics", member)[0] == 403
+
+
+def test_the_scrape_token_reads_metrics_and_nothing_else(service: StreamService) -> None:
+    status, body = call(service, "GET", "/metrics", SCRAPE_TOKEN)
+    assert status == 200 and "tessera_stream" in body
+    assert call(service, "GET", "/metrics", SCRAPE_TOKEN[:-1] + "z")[0] == 401
+    for method, path in [("GET", "/api/streams/sessions"), ("GET", "/api/streams/device"),
+                         ("POST", "/api/streams/sessions")]:  # fmt: skip
+        assert call(service, method, path, SCRAPE_TOKEN)[0] == 401, path
 
 
 def test_the_player_page_itself_needs_no_token(service: StreamService) -> None:
