@@ -55,4 +55,3 @@ class StreamMetrics:
         for gone in set(self._last) - seen:
             del self._last[gone]
             metrics.forget_stream_session(gone)
-

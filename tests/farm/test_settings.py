@@ -157,6 +157,10 @@ def test_to_env_rebuilds_every_setting() -> None:
         web_origins="https://f.example", metrics_token="m", web_metrics_port=9102,
         project_max_uploads=2, project_max_inspections=3, project_max_queued_tiles=50,
         job_max_tiles=40, project_max_stored_bytes=1000, upload_checks=3,
+        stream_connect_timeout_s=5.0, stream_input_rate=50.0, stream_message_max_bytes=4096,
+        stream_capture_retries=5, stream_encode_mpx_s=100.0, stream_resize_max_width=1280,
+        stream_resize_max_height=720, stream_file_max_mib=8, stream_audio=0,
+        s3_public_url="https://s3.example", data_dir=Path("/d"), web_farm_metrics="off",
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):
