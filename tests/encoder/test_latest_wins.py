@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from av.packet import Packet
 from av.video.frame import VideoFrame
 
 from encoder.capture import FrameSlot
@@ -28,18 +29,20 @@ def test_a_viewer_that_falls_behind_drops_stale_frames_and_restarts_at_a_keyfram
     async def main() -> None:
         asked: list[int] = []
         track = PacketTrack(lambda: asked.append(1), max_pending=MAX_PENDING_FRAMES)
-        track.push(b"p0", keyframe=False)  # type: ignore[arg-type]
+        track.push(Packet(b"p0"), keyframe=False)
         assert track.dropped == 1, "a P-frame before the first keyframe is undecodable"
-        track.push(b"k1", keyframe=True)  # type: ignore[arg-type]
-        assert await track.recv() == b"k1" and asked == [1]  # the first pull asks for a keyframe
+        track.push(Packet(b"k1"), keyframe=True)
+        assert bytes(await track.recv()) == b"k1" and asked == [
+            1
+        ]  # the first pull asks for a keyframe
         for i in range(MAX_PENDING_FRAMES):
-            track.push(f"p{i}".encode(), keyframe=False)  # type: ignore[arg-type]
+            track.push(Packet(f"p{i}".encode()), keyframe=False)
         # the sender did not pull: one more frame means it is behind
-        track.push(b"late", keyframe=False)  # type: ignore[arg-type]
+        track.push(Packet(b"late"), keyframe=False)
         assert track.catch_ups == 1 and track.waiting_keyframe and asked == [1, 1]
-        track.push(b"p9", keyframe=False)  # type: ignore[arg-type]
-        track.push(b"k2", keyframe=True)  # type: ignore[arg-type]
-        assert await track.recv() == b"k2"
+        track.push(Packet(b"p9"), keyframe=False)
+        track.push(Packet(b"k2"), keyframe=True)
+        assert bytes(await track.recv()) == b"k2"
         track.stop()
 
     asyncio.run(main())
