@@ -4,6 +4,7 @@ framebuffer Xvfb was started with), and the capture reopened at the new size."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from Xlib import display, error
@@ -102,23 +103,43 @@ class ResizingGrabber(X11Grabber):
     """x11grab of a display whose size may change: ``resize`` ends the current grab and the
     next one opens at the new size (the frame slot, and so the encoder, carry on)."""
 
+    #: how long after a resize began a failed grab is taken for the resize's doing, s
+    RESIZE_SETTLE_S = 2.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._reopen = False
+        self._resizing_since = -self.RESIZE_SETTLE_S
 
     @property
     def stopping(self) -> bool:
         # the grab loop of X11Grabber ends on this; a resize ends it too, and run() reopens
         return self._stop.is_set() or self._reopen
 
+    def expect_resize(self) -> None:
+        """The screen is about to change size: a grab it breaks meanwhile is reopened, not
+        taken for a capture error (x11grab answers EACCES when its area leaves the screen)."""
+        self._resizing_since = time.monotonic()
+
     def resize(self, width: int, height: int) -> None:
         self.width, self.height = width, height
+        self._resizing_since = time.monotonic()
         self._reopen = True
 
     def run(self) -> None:
         while not self._stop.is_set():
             self._reopen = False
-            super().run()
+            try:
+                super().run()
+            except (OSError, ValueError) as exc:
+                # the screen shrank under a grab of the old size (x11grab: EACCES) or is not
+                # yet the size opened (EINVAL): try again at the size asked, while the resize
+                # settles
+                if time.monotonic() - self._resizing_since > self.RESIZE_SETTLE_S:
+                    raise
+                log.info("event=capture_reopen display=%s reason=%r", self.display, str(exc))
+                self._stop.wait(0.05)
+                self._reopen = True
             # what ``before`` did (joining the sandbox's IPC namespace) holds for this thread
             self.before = None
             if self._reopen:

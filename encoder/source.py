@@ -76,6 +76,8 @@ def _resize_display(
     name: str, grabber: Grabber | None, framebuffer: tuple[int, int], width: int, height: int
 ) -> tuple[int, int]:
     width, height = min(width, framebuffer[0]), min(height, framebuffer[1])
+    if isinstance(grabber, ResizingGrabber):
+        grabber.expect_resize()
     open_screen(name, width, height)
     if isinstance(grabber, ResizingGrabber):
         grabber.resize(width, height)
