@@ -7,10 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from encoder.service import StreamService, running
 from encoder.source import APP_MARK
 from farm.settings import Settings
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.encoder.tokens import STREAM_SECRET
 
 
@@ -70,3 +72,12 @@ def no_orphans() -> Iterator[None]:
     yield
     left = [p for p in session_processes() if p not in before]
     assert left == [], f"stream session processes outlived the test: {left}"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium per test module (tests/encoder/chromium.py)."""
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

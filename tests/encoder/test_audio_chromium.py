@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from encoder.service import StreamService, running
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, end_session
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
+from tests.encoder.test_player_chromium import end_session
 
 OPERATOR = tokens.operator()
 #: pairs of beep and flash measured
@@ -113,14 +114,6 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
     )
     with running(settings) as svc:
         yield svc
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -17,13 +17,14 @@ from typing import Any
 
 import av
 import pytest
-from playwright.sync_api import Browser, FilePayload, Page, sync_playwright
+from playwright.sync_api import Browser, FilePayload, Page
 
 from encoder.gamepad import UINPUT, PadState
 from encoder.service import StreamService, running
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, end_session
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
+from tests.encoder.test_player_chromium import end_session
 
 OPERATOR = tokens.operator()
 #: the largest a viewer may resize the test service's displays to
@@ -99,14 +100,6 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
     )
     with running(settings) as svc:
         yield svc
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

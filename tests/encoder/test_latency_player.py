@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from encoder.service import StreamService, running
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 
 OPERATOR = tokens.operator()
 

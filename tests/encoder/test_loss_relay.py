@@ -18,7 +18,7 @@ from playwright.sync_api import Page, Route, sync_playwright
 
 from encoder.service import StreamService
 from tests.encoder import tokens
-from tests.encoder.test_player_chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
 from tests.encoder.udprelay import Path, UdpRelay, rewrite_candidates, service_candidate
 
 pytestmark = [

@@ -9,23 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from encoder.service import StreamService, running
 from farm.settings import Settings
 from tests.encoder import tokens
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
 
 OPERATOR = tokens.operator()
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--autoplay-policy=no-user-gesture-required",
-]
-TIMEOUT_MS = 20_000
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium"),
@@ -98,14 +90,6 @@ def full_service(
     )
     with running(settings) as svc:
         yield svc
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

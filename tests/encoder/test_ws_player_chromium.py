@@ -15,14 +15,8 @@ from playwright.sync_api import Browser, Page, Playwright, Request, Route, sync_
 from encoder.service import StreamService, running
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.test_player_chromium import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    FIND_SPRITE_JS,
-    OPERATOR,
-    TIMEOUT_MS,
-    end_session,
-)
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from tests.encoder.test_player_chromium import FIND_SPRITE_JS, OPERATOR, end_session
 
 
 def no_candidates(sdp: str) -> str:

@@ -1,0 +1,16 @@
+"""The headless Chromium the stream tests drive: the system's /usr/bin/chromium, never one a
+tool downloads, with the flags a closed network and autoplaying sound need."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--autoplay-policy=no-user-gesture-required",
+]
+TIMEOUT_MS = 20_000
