@@ -103,6 +103,8 @@ class StreamService:
             self.encode_mpx_s = await asyncio.to_thread(
                 capacity.probe_mpx_s, self.settings, self.device.index
             )
+            log.info("event=encoder_probed device=%s encode_mpx_s=%.1f", self.device.id,
+                     self.encode_mpx_s)  # fmt: skip
         if self.serve_http:
             self._runner = web.AppRunner(create_app(self), access_log=None)
             await self._runner.setup()
