@@ -12,7 +12,7 @@ import av
 
 from encoder.videoencoder import Packet
 from farm.errors import FarmError, SourceFailed
-from farm.storage import Storage
+from farm.storage.base import Storage
 
 log = logging.getLogger("tessera.stream")
 

@@ -32,7 +32,7 @@ from farm.devices import Device
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
 from farm.settings import Settings
 from farm.slots import Lease, SlotAllocator
-from farm.storage import farm_storage
+from farm.storage.factory import farm_storage
 
 log = logging.getLogger("tessera.stream")
 

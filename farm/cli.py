@@ -258,7 +258,7 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
     from farm import delivery, jobstore, queue, submission
     from farm.blendfile import check_blend
-    from farm.storage import farm_storage
+    from farm.storage.factory import farm_storage
 
     req = _request(args, settings, args.output)
     submission.check_request(req)

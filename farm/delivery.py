@@ -22,16 +22,10 @@ from farm.errors import OutputExists
 from farm.models import OUTPUT_FORMATS, JobSpec
 from farm.redisclient import Redis, guard
 from farm.settings import Settings
-from farm.storage import (
-    LocalStorage,
-    Storage,
-    StoredObject,
-    frame_file_name,
-    is_url,
-    open_storage,
-    parse_url,
-    sha256_file,
-)
+from farm.storage.base import Storage, StoredObject, sha256_file
+from farm.storage.factory import is_url, open_storage, parse_url
+from farm.storage.layout import frame_file_name
+from farm.storage.local import LocalStorage
 
 log = logging.getLogger("tessera.delivery")
 

@@ -24,7 +24,7 @@ from farm.progress import ProgressBar
 from farm.redisserver import RedisServer
 from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState
-from farm.storage import sha256_file
+from farm.storage.base import sha256_file
 
 log = logging.getLogger("tessera.embedded")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from farm import jobstore, queue, submission
 from farm.models import Event
 from farm.settings import Settings
-from farm.storage import LocalStorage
+from farm.storage.local import LocalStorage
 
 
 def descendants(pid: int) -> list[int]:

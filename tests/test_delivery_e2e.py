@@ -18,7 +18,7 @@ import pytest
 from farm import delivery, jobstore, queue, submission
 from farm.models import Event
 from farm.settings import Settings
-from farm.storage import farm_storage, open_storage
+from farm.storage.factory import farm_storage, open_storage
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, wait_for
 from tests.faultproxy import FaultProxy

@@ -14,7 +14,8 @@ import pytest
 
 from farm.errors import StorageDenied, StorageUnavailable
 from farm.settings import Settings
-from farm.storage import Storage, open_storage
+from farm.storage.base import Storage
+from farm.storage.factory import open_storage
 from tests.faultproxy import FaultProxy, Request
 
 MIB = 1 << 20

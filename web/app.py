@@ -12,7 +12,7 @@ from aiohttp import web
 from farm import jobstore, queue
 from farm import metrics as farm_metrics
 from farm.settings import Settings
-from farm.storage import farm_storage
+from farm.storage.factory import farm_storage
 from web.accounts import Accounts
 from web.appkeys import (
     ACCOUNTS,

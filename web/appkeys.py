@@ -14,7 +14,7 @@ from aiohttp import web
 from farm.jobstore import JobStore
 from farm.redisclient import Redis
 from farm.settings import Settings
-from farm.storage import Storage
+from farm.storage.base import Storage
 from web.accounts import Accounts, User
 
 if TYPE_CHECKING:

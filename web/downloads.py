@@ -17,7 +17,9 @@ from aiohttp import web
 from farm.errors import NotFound
 from farm.models import JobSpec
 from farm.settings import Settings
-from farm.storage import LocalStorage, Storage, content_type, is_url, open_storage
+from farm.storage.base import Storage, content_type
+from farm.storage.factory import is_url, open_storage
+from farm.storage.local import LocalStorage
 from web.appkeys import SETTINGS, blocking, waiting
 from web.jobs import job_for
 

@@ -17,7 +17,8 @@ from farm.blendfile import check_blend, expanded_size
 from farm.errors import BadBlendFile, NotFound
 from farm.models import BlendSource
 from farm.redisclient import Redis, guard
-from farm.storage import LocalStorage, Storage
+from farm.storage.base import Storage
+from farm.storage.local import LocalStorage
 from web.archive import is_zip, unpack
 
 log = logging.getLogger("tessera.web.uploads")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from farm.errors import BadParameter, NotFound, StorageNotFound
-from farm.storage import tile_log_key
+from farm.storage.layout import tile_log_key
 from web.appkeys import STORAGE, blocking
 from web.jobs import job_for
 

@@ -18,7 +18,7 @@ from farm.errors import BadParameter, Conflict, FarmError, NotFound, NoWorker
 from farm.models import InspectionReport
 from farm.redisclient import guard
 from farm.settings import DEVICE_KINDS
-from farm.storage import sha256_file
+from farm.storage.base import sha256_file
 from web import intake, jsonio
 from web.appkeys import CONN, RQ_CONN, SETTINGS, STORAGE, blocking, checking, user_of, waiting
 from web.auth import role_in

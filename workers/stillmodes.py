@@ -9,7 +9,8 @@ from typing import Any
 
 from farm.errors import RenderError
 from farm.models import OUTPUT_FORMATS, SAMPLE_SPLIT, JobSpec
-from farm.storage import Storage, frame_file_name
+from farm.storage.base import Storage
+from farm.storage.layout import frame_file_name
 from farm.tiling import Rect, TileGrid, plan_tiles
 from workers import exr, preview
 from workers.child import BlenderChild

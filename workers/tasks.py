@@ -23,17 +23,12 @@ from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.slots import Lease, Request, SlotAllocator
 from farm.states import JobState
-from farm.storage import (
-    ZIP_FILES,
-    Storage,
-    cached_upload,
-    frame_tiles_key,
-    tile_key,
-    tile_log_key,
-)
+from farm.storage.base import Storage
+from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown
+from workers.uploadcache import cached_upload
 
 log = logging.getLogger("tessera.worker")
 

@@ -14,7 +14,7 @@ from farm.errors import DeviceUnavailable
 from farm.nvml import open_nvml
 from farm.settings import Settings
 from farm.slots import SlotAllocator
-from farm.storage import farm_storage
+from farm.storage.factory import farm_storage
 from workers import tasks
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown

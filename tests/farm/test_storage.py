@@ -10,7 +10,8 @@ import pytest
 from farm.delivery import output_address
 from farm.errors import AlreadyCommitted, BadParameter, StorageError, StorageNotFound
 from farm.settings import Settings
-from farm.storage import LocalStorage, farm_storage, open_storage
+from farm.storage.factory import farm_storage, open_storage
+from farm.storage.local import LocalStorage
 
 
 def test_storage_urls_choose_the_store(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ import pytest
 from farm.errors import AlreadyCommitted, StorageNotFound, StorageUnavailable
 from farm.models import BlendSource
 from farm.settings import Settings
-from farm.storage import Storage, cached_upload, open_storage
+from farm.storage.base import Storage
+from farm.storage.factory import open_storage
 from tests.faultproxy import FaultProxy
+from workers.uploadcache import cached_upload
 
 MIB = 1 << 20
 

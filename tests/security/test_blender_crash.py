@@ -10,7 +10,8 @@ import pytest
 
 from farm import jobstore, queue, submission
 from farm.errors import BlenderCrashed
-from farm.storage import LocalStorage, tile_log_key
+from farm.storage.layout import tile_log_key
+from farm.storage.local import LocalStorage
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, wait_for
 from tests.security.blender_scenes import make_poison, make_segfault

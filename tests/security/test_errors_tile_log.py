@@ -7,7 +7,8 @@ from pathlib import Path
 
 from farm import jobstore
 from farm.settings import Settings
-from farm.storage import LocalStorage, tile_log_key
+from farm.storage.layout import tile_log_key
+from farm.storage.local import LocalStorage
 from tests.web.conftest import api, bearer, make_job
 from web.accounts import Accounts
 

@@ -162,7 +162,7 @@ async def test_frames_delivered_to_s3_download_by_presigned_link_and_zip(
 
     import aiohttp
 
-    from farm.storage import open_storage
+    from farm.storage.factory import open_storage
 
     # links presigned for the endpoint browsers reach (tests/web/test_jobs_s3.py: streamed)
     settings = web_settings.with_(

@@ -261,7 +261,7 @@ async def test_an_interrupted_resumable_upload_continues_and_equals_the_original
 async def test_uploads_land_in_s3_when_storage_is_a_bucket(
     web_settings: Settings, tokens: Tokens, s3_endpoint: str, bucket: str
 ) -> None:
-    from farm.storage import open_storage
+    from farm.storage.factory import open_storage
 
     settings = web_settings.with_(
         storage_url=f"s3://{bucket}/farm", s3_endpoint_url=s3_endpoint, s3_addressing_style="path"

@@ -37,7 +37,7 @@ from farm.errors import (
     StorageUnavailable,
 )
 from farm.settings import Settings
-from farm.storage import (
+from farm.storage.base import (
     CHUNK,
     FILE_MODE,
     ByteSink,

@@ -1,0 +1,168 @@
+"""The local-folder store: every write renamed into place, whole or absent."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from farm.errors import (
+    AlreadyCommitted,
+    StorageCorrupt,
+    StorageError,
+    StorageNotFound,
+)
+from farm.storage.base import FILE_MODE, Storage, StoredObject, check_key, sha256_file
+
+
+def place_file(src: Path, dest: Path, *, move: bool = False) -> None:
+    """Put ``src`` at ``dest`` atomically: readers see the old file, or the whole new one."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if move:
+        try:
+            os.replace(src, dest)
+            return
+        except OSError:
+            pass  # another filesystem: copy below, then remove the source
+    tmp = _copy_beside(src, dest)
+    try:
+        os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(f"cannot write {dest}: {exc.strerror or exc}", path=str(dest)) from exc
+    if move:
+        src.unlink(missing_ok=True)
+
+
+def _copy_beside(src: Path, dest: Path) -> Path:
+    """A copy of ``src`` in ``dest``'s folder under a hidden temporary name."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, FILE_MODE)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise StorageError(f"cannot write {dest}: {exc.strerror or exc}", path=str(dest)) from exc
+    return Path(tmp)
+
+
+class LocalStorage(Storage):
+    """A folder every process of the farm can read: the embedded default, or a shared mount."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = root.resolve().as_uri()
+
+    def path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in Path(key).parts:
+            raise StorageError(f"storage key {key!r} leaves the storage folder", key=key)
+        return self.root / key
+
+    def put(
+        self,
+        key: str,
+        src: Path,
+        *,
+        once: bool = False,
+        deliverable: bool = False,
+        owner: str = "",
+    ) -> StoredObject:
+        dest = self.path(check_key(key))
+        size = src.stat().st_size
+        if not once:
+            place_file(src, dest)
+        else:
+            self._put_once(key, src, dest)
+        stored = dest.stat().st_size
+        if stored != size:
+            raise StorageCorrupt(
+                f"{dest} holds {stored} bytes after writing {size}", key=key, size=size
+            )
+        return StoredObject(key, size)
+
+    def move_in(self, key: str, src: Path) -> StoredObject:
+        """Put ``src`` under ``key`` by renaming it where it can (the scratch file goes)."""
+        size = src.stat().st_size
+        place_file(src, self.path(check_key(key)), move=True)
+        return StoredObject(key, size)
+
+    def _put_once(self, key: str, src: Path, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _copy_beside(src, dest)
+        try:
+            try:
+                os.link(tmp, dest)  # fails when dest exists: the first writer wins
+            except FileExistsError:
+                raise
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise StorageError(f"cannot write {dest}: {exc.strerror}", key=key) from exc
+                # a filesystem without hard links: exclusive create, then the bytes in place
+                with dest.open("xb"):
+                    pass
+                os.replace(tmp, dest)
+        except FileExistsError:
+            if sha256_file(dest) != sha256_file(src):
+                raise AlreadyCommitted(
+                    f"{dest} was already committed with other bytes; it is kept", key=key
+                ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get(self, key: str, dest: Path) -> Path:
+        src = self.path(key)
+        if not src.is_file():
+            raise StorageNotFound(f"{src} does not exist", key=key)
+        place_file(src, dest)
+        return dest
+
+    def fetch(self, key: str, scratch: Path) -> Path:
+        path = self.path(key)
+        if not path.is_file():
+            raise StorageNotFound(f"{path} does not exist", key=key)
+        return path
+
+    def stat(self, key: str) -> StoredObject | None:
+        try:
+            st = self.path(key).stat()
+        except FileNotFoundError:
+            return None
+        return StoredObject(key, st.st_size) if os.path.isfile(self.path(key)) else None
+
+    def list(self, prefix: str) -> list[StoredObject]:
+        base = self.path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        # a prefix names a folder, or a partial name inside one ("frames/frame_00"); the
+        # root itself never widens to its parent (a job's output folder before its first frame)
+        folder = base if base.is_dir() or base == self.root else base.parent
+        if not folder.is_dir():
+            return []
+        out = []
+        for path in folder.rglob("*"):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and key.startswith(prefix) and not path.name.startswith("."):
+                out.append(StoredObject(key, path.stat().st_size))
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix: str) -> int:
+        folder = self.path(prefix.rstrip("/"))
+        if not folder.is_dir():
+            return 0
+        count = sum(1 for p in folder.rglob("*") if p.is_file())
+        shutil.rmtree(folder, ignore_errors=True)
+        return count
+
+    def remove_tree(self, key: str) -> None:
+        self.delete_prefix(key)
+
+    def url_for(self, key: str) -> str:
+        return self.path(key).resolve().as_uri()
+
+    def presign(self, key: str, expires_s: int) -> str:
+        # a folder has no signed URLs: the file's address is its download link
+        return self.url_for(key)
