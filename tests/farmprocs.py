@@ -31,7 +31,7 @@ def descendants(pid: int) -> list[int]:
 def _is_blender_child(cmdline: bytes) -> bool:
     """The Blender child's Python process itself, not the sandbox (bwrap, setpriv) around it."""
     argv0 = cmdline.split(b"\0", 1)[0].rsplit(b"/", 1)[-1]
-    return b"blender_child" in cmdline and argv0 not in (b"bwrap", b"setpriv")
+    return b"workers.blender" in cmdline and argv0 not in (b"bwrap", b"setpriv")
 
 
 class WorkerProcess:

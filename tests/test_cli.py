@@ -134,7 +134,7 @@ def test_ctrl_c_cancels_and_stops_every_process_it_started(tmp_path: Path) -> No
     # wait until the job is queued and both workers run a Blender child
     while time.monotonic() < deadline:
         started |= set(_descendants(proc.pid))
-        if queued.is_set() and sum(b"blender_child" in _cmdline(p) for p in started) >= 2:
+        if queued.is_set() and sum(b"workers.blender" in _cmdline(p) for p in started) >= 2:
             break
         time.sleep(0.1)
     else:

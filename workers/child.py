@@ -135,7 +135,7 @@ class BlenderChild(lifetime.ChildHandle):
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
         argv = [
-            self.python, "-m", "workers.blender_child",
+            self.python, "-m", "workers.blender.session",
             "--cmd-fd", str(cmd_r), "--reply-fd", str(reply_w),
             "--device", self.device, "--threads", str(self.threads),
         ]  # fmt: skip

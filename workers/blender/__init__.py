@@ -1,0 +1,1 @@
+"""The Blender child process: the one package that imports bpy."""
