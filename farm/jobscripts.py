@@ -9,11 +9,17 @@ table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import TypeVar
+
 from farm import keys
 from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS
 
+S = TypeVar("S", bound=StrEnum)
 
-def _lua_moves(table: dict) -> str:  # type: ignore[type-arg]
+
+def _lua_moves(table: Mapping[S, frozenset[S]]) -> str:
     """The allowed moves as one Lua string ``|old>new|...|``: a constant, where a table would
     be built again on every call of every script."""
     pairs = sorted(f"{old.value}>{new.value}" for old, news in table.items() for new in news)

@@ -164,14 +164,28 @@ def test_touch_renews_only_the_current_attempt(store: JobStore, queue: RenderQue
     assert not store.touch_tile(TileTask(job_id, 1, 0, 2))
 
 
-def test_every_script_transition_obeys_the_table(store: JobStore, rconn: redis.Redis) -> None:
-    # The Lua prelude is rendered from farm.states: a forbidden move is refused inside Redis too.
-    job_id = "manual"
-    spec = _spec()
-    rconn.hset(keys.job(job_id), mapping={"spec": spec.to_json(), "state": "done"})
-    rconn.hset(keys.tiles(job_id), mapping={"1:0": "done", "1:0:a": 1})
-    assert store.end_job(job_id, JobState.CANCELED) == "job_done"
-    assert store.state(job_id) == JobState.DONE
+def test_the_scripts_refuse_a_move_the_table_forbids(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    # A running job's end may only be failed or canceled: 'done' comes from its last frame.
+    # END_JOB reaches the transition check (the job has not ended) and the table says no.
+    assert JobState.DONE not in JOB_TRANSITIONS[JobState.RUNNING]
+    job_id = _new_job(store, queue)
+    assert store.start_tile(TileTask(job_id, 1, 0, 1)) == "ok"
+    events = len(store.events(job_id))
+    assert store.end_job(job_id, JobState.DONE, "forced") == "job_running"
+    assert store.state(job_id) == JobState.RUNNING
+    assert store.status(job_id).tiles_done == 0
+    assert len(store.events(job_id)) == events, "a refused move tells nobody it happened"
+    # A tile's moves go through the same table: a done tile cannot start rendering again.
+    assert TileState.RENDERING not in TILE_TRANSITIONS[TileState.DONE]
+    move = rconn.register_script(jobscripts.PRELUDE + "return tile_move(KEYS[1], ARGV[1], ARGV[2])")
+    rconn.hset(keys.tiles(job_id), "2:0", "done")
+    with pytest.raises(redis.ResponseError, match="illegal tile transition done -> rendering"):
+        move(keys=[keys.tiles(job_id)], args=["2:0", "rendering"])
+    assert rconn.hget(keys.tiles(job_id), "2:0") == "done"
+    assert move(keys=[keys.tiles(job_id)], args=["1:0", "done"]) is None  # an allowed one moves
+    assert rconn.hget(keys.tiles(job_id), "1:0") == "done"
 
 
 def test_spec_round_trips_through_json(tmp_path: Path) -> None:
