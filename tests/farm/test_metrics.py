@@ -21,9 +21,12 @@ from farm.fakenvml import FakeNvml
 from farm.settings import Settings
 from farm.slots import Request, SlotAllocator
 from tests.blendscenes import make_scene
-from tests.farmprocs import WorkerProcess, submit, wait_for
+from tests.farmprocs import WorkerProcess, submit, until, wait_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+#: the worker's agent timeout: its device is down this long after its last beat
+AGENT_TIMEOUT_S = 5.0
 
 
 def parse(text: str) -> Samples:
@@ -71,11 +74,14 @@ def test_after_a_job_the_worker_and_farm_metrics_count_its_tiles_time_and_usage(
 ) -> None:
     scene = make_scene(tmp_path / "small.blend", width=32, height=24, samples=4)
     port = _free_port()
-    w = WorkerProcess(redis_url, tmp_path, FARM_METRICS_PORT=str(port))
+    w = WorkerProcess(
+        redis_url, tmp_path, FARM_METRICS_PORT=str(port), FARM_AGENT_TIMEOUT_S=str(AGENT_TIMEOUT_S)
+    )
     try:
         store, job_id = submit(w.settings, scene, tmp_path, tiles="2x1")
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done")
         worker = scrape(f"http://127.0.0.1:{port}/metrics")
+        running = parse(metrics.exposition()[0].decode())
     finally:
         w.stop()
     assert value(worker, "tessera_tiles_rendered_total", device_class="cpu") == 2
@@ -101,8 +107,13 @@ def test_after_a_job_the_worker_and_farm_metrics_count_its_tiles_time_and_usage(
     assert value(farm, "tessera_device_render_slots_used", **device) == 0
     assert value(farm, "tessera_device_vram_bytes", **device) > 2**20
     assert value(farm, "tessera_device_leases", kind="render", **device) == 0
-    # the worker stopped: its device may still be within its agent timeout, or gone
-    assert value(farm, "tessera_device_up", **device) in (0, 1)
+    # up while its worker ran; down once the stopped worker's agent timeout has passed
+    assert value(running, "tessera_device_up", **device) == 1
+
+    def device_up() -> float:
+        return value(parse(metrics.exposition()[0].decode()), "tessera_device_up", **device)
+
+    until(lambda: device_up() == 0, AGENT_TIMEOUT_S + 10, "the stopped worker's device going down")
     # usage: the job's two leases, charged to its project, as the records say
     recorded = usage.records(store.conn, "default")
     assert len(recorded) == 2 and {r.job for r in recorded} == {job_id}
