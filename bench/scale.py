@@ -6,7 +6,7 @@ the allocator's scripts (``farm.slots``), the job store (``farm.jobstore``), rq 
 are simulated:
 
 - **devices**: N GPUs over N/8 hosts, one class per host, cycling through every class of the
-  fake NVML (``farm.fakenvml.FAKE_MODELS``: memory, NVENC engines, consumer session caps); each
+  fake NVML (``farm.gpu.fake.FAKE_MODELS``: memory, NVENC engines, consumer session caps); each
   host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.agent`` does.
 - **render workers**: one per device, no Blender: a worker dequeues a task (rq's own
   ``dequeue_any`` and the started-registry bookkeeping of ``rq.Worker``), starts the tile,
@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from farm import jobstore, queue  # noqa: E402
-from farm.fakenvml import FAKE_MODELS  # noqa: E402
+from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.slots import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402

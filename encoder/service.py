@@ -36,7 +36,8 @@ from farm import keys, sandbox, streamauth
 from farm.agent import DeviceAgent
 from farm.devices import Device
 from farm.errors import BadParameter, DeviceUnavailable, FarmError, NeverFits, NoCapacity, NotFound
-from farm.nvml import Nvml, open_nvml
+from farm.gpu.factory import open_nvml
+from farm.gpu.types import Nvml
 from farm.redisclient import Redis, connect, guard
 from farm.settings import Settings
 from farm.slots import Lease, Request, SlotAllocator

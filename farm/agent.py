@@ -10,7 +10,7 @@ from collections.abc import Callable
 from farm import metrics
 from farm.devices import Device, host_devices, host_encoder_budget
 from farm.errors import FarmError, NvmlError
-from farm.nvml import GpuInfo, Nvml
+from farm.gpu.types import GpuInfo, Nvml
 from farm.reconcile import Drift, LeaseView, reconcile, unexplained_vram_mib
 from farm.settings import Settings
 from farm.slots import DeviceOffer, SlotAllocator

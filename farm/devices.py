@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import BadParameter
-from farm.nvml import GpuInfo, Nvml, model_of
+from farm.gpu.types import GpuInfo, Nvml, model_of
 from farm.settings import Settings, json_object
 
 CPU_CLASS = "cpu"

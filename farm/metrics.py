@@ -41,8 +41,8 @@ from farm.errors import FarmError
 
 if TYPE_CHECKING:
     from farm.devices import Device
+    from farm.gpu.types import GpuInfo
     from farm.jobstore import JobStore
-    from farm.nvml import GpuInfo
     from farm.settings import Settings
 
 log = logging.getLogger("tessera.metrics")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from farm.devices import Device
-from farm.nvml import GpuInfo
+from farm.gpu.types import GpuInfo
 
 
 class DriftKind(StrEnum):

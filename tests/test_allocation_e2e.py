@@ -17,7 +17,7 @@ import redis
 
 from farm.agent import DeviceAgent
 from farm.errors import LeaseLost, NoCapacity
-from farm.fakenvml import FakeNvml
+from farm.gpu.fake import FakeNvml
 from farm.settings import Settings
 from farm.slots import Request, SlotAllocator
 from tests.blendscenes import make_scene

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from farm import jobstore, lifetime
 from farm.embedded import LocalWorkers
-from farm.nvml import open_nvml
+from farm.gpu.factory import open_nvml
 from farm.redisserver import RedisServer
 from farm.settings import Settings, default_data_dir
 from web.accounts import Accounts

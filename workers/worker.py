@@ -11,7 +11,7 @@ from farm import jobstore, metrics, queue, sandbox
 from farm.agent import DeviceAgent
 from farm.devices import Device
 from farm.errors import DeviceUnavailable
-from farm.nvml import open_nvml
+from farm.gpu.factory import open_nvml
 from farm.settings import Settings
 from farm.slots import SlotAllocator
 from farm.storage.factory import farm_storage

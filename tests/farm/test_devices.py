@@ -14,7 +14,7 @@ from farm.devices import (
     host_encoder_budget,
 )
 from farm.errors import BadParameter, NvmlError
-from farm.fakenvml import FakeNvml
+from farm.gpu.fake import FakeNvml
 from farm.settings import Settings
 
 DEFAULTS = Settings()

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from farm import metrics, usage
 from farm.agent import DeviceAgent
-from farm.fakenvml import FakeNvml
+from farm.gpu.fake import FakeNvml
 from farm.settings import Settings
 from farm.slots import Request, SlotAllocator
 from tests.blendscenes import make_scene

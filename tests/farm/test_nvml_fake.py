@@ -12,8 +12,10 @@ import pynvml
 import pytest
 
 from farm.errors import BadParameter, NvmlError
-from farm.fakenvml import FAKE_MODELS, FakeNvml
-from farm.nvml import NVENC_ENGINES, GpuProcess, RealNvml, model_of, nvenc_engines, open_nvml
+from farm.gpu.factory import open_nvml
+from farm.gpu.fake import FAKE_MODELS, FakeNvml
+from farm.gpu.real import RealNvml
+from farm.gpu.types import NVENC_ENGINES, GpuProcess, model_of, nvenc_engines
 
 MIB = 1024 * 1024
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from farm.devices import Device, host_devices
-from farm.fakenvml import FakeNvml
-from farm.nvml import GpuProcess
+from farm.gpu.fake import FakeNvml
+from farm.gpu.types import GpuProcess
 from farm.reconcile import (
     Drift,
     DriftKind,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from farm.errors import BadParameter, NvmlError
-from farm.nvml import GpuInfo, GpuProcess
+from farm.gpu.types import GpuInfo, GpuProcess
 
 #: NVML's code for "Unknown Error", the answer a flaky driver gives
 _NVML_ERROR_UNKNOWN = 999
