@@ -98,10 +98,15 @@ def test_viewers_share_one_encode_and_the_bitrate_follows_their_estimates_within
             seen_a = {read_stamp((await a.next_frame()).luma())[0] for _ in range(8)}
             seen_b = {read_stamp((await b.next_frame()).luma())[0] for _ in range(8)}
             assert seen_a & seen_b, "two viewers of one session saw different frames"
-            stats = await stats_when(lambda s: True)
-            # one encode per captured frame, not one per viewer
+            _status, state = await api(http, "GET", state_url)
+            stats = state["stats"]
+            # the service counts what each viewer was sent: at least the 8 frames each decoded
+            sent = {v["role"]: v["frames_sent"] for v in state["viewers"]}
+            assert sent.keys() == {"player", "spectator"} and min(sent.values()) >= 8, sent
+            # one encode per captured frame, not one per viewer: both were sent that one encode
             assert stats["frames_encoded"] <= stats["frames_captured"]
             assert stats["frames_sent"] >= stats["frames_encoded"] - 2
+            assert max(sent.values()) <= stats["frames_sent"], (sent, stats)
             keyframes = stats["keyframes"]
 
             await a.send_remb(1_500_000)
