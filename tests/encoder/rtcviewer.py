@@ -27,10 +27,10 @@ class Received:
     at: float
 
     def rgb(self) -> npt.NDArray[np.uint8]:
-        return self.frame.to_ndarray(format="rgb24")
+        return np.asarray(self.frame.to_ndarray(format="rgb24"), dtype=np.uint8)
 
     def luma(self) -> npt.NDArray[np.uint8]:
-        return self.frame.to_ndarray(format="gray")
+        return np.asarray(self.frame.to_ndarray(format="gray"), dtype=np.uint8)
 
 
 class RtcViewer:
