@@ -7,14 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import redis
 
+from farm import keys
 from farm.agent import DeviceAgent
 from farm.errors import LeaseLost, NoCapacity
 from farm.gpu.fake import FakeNvml
@@ -52,16 +53,30 @@ def test_an_agent_that_stops_beating_takes_its_devices_out_of_the_pool(
 
 
 def test_a_beating_agent_keeps_its_devices(allocator: SlotAllocator) -> None:
-    settings = Settings().with_(agent_timeout_s=0.6)
+    settings = Settings().with_(agent_timeout_s=1.5)
     agent = DeviceAgent(settings, allocator, "host-b", nvml=FakeNvml(["l4"]))
     agent.start()
     try:
+        (device,) = agent.devices
         lease = allocator.acquire("s", Request("stream", encoder_sessions=2))
-        time.sleep(1.5)  # longer than the timeout: only the heartbeats keep the device in
+        # the first registration alone keeps the device until this, on Redis's clock
+        first_ms = _alive_until_ms(allocator, device.id)
+        until(lambda: _redis_ms(allocator) > first_ms, 30, "the first registration's end")
+        # past it, only the heartbeats keep the device in
+        assert _alive_until_ms(allocator, device.id) > first_ms
         assert all(d.alive for d in allocator.devices())
         allocator.renew(lease)
     finally:
         agent.stop()
+
+
+def _alive_until_ms(allocator: SlotAllocator, device_id: str) -> int:
+    return int(allocator.conn.hget(keys.device(device_id), "alive_until") or 0)
+
+
+def _redis_ms(allocator: SlotAllocator) -> int:
+    seconds, micros = allocator.conn.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def test_nvml_faults_mark_the_device_unavailable_and_the_agent_keeps_running(
@@ -108,7 +123,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild
 SLOW_SAMPLES = 1500
 
 
-def _reference(child: BlenderChild, blend: Path, out: Path) -> np.ndarray:
+def _reference(child: BlenderChild, blend: Path, out: Path) -> npt.NDArray[np.float32]:
     child.render(blend, frame=1, width=96, height=54, rect=None, samples=SLOW_SAMPLES,
                  out_path=out, timeout_s=300)  # fmt: skip
     return exr.read_rgba(out)
