@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +59,7 @@ class Site:
     token: str
     blend: Path  # renders in about 2 s on 2 cores
     missing: Path  # wants //textures/missing_texture.png
+    worker: WorkerProcess
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +76,8 @@ def site(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) ->
         wait_for_worker(redis_server.url)
         live = LiveWeb(worker.settings.with_(stream_secret=STREAM_SECRET))
         try:
-            yield Site(live, member_token(redis_server.url, "ana", "shorts"), blend, missing)
+            token = member_token(redis_server.url, "ana", "shorts")
+            yield Site(live, token, blend, missing, worker)
         finally:
             live.close()
     finally:
@@ -87,6 +92,16 @@ def _sign_in(page: Page, site: Site, path: str) -> None:
     page.click("#signin")
     expect(page).to_have_url(site.live.url + path)
     expect(page.locator("body[data-ready]")).to_have_count(1)  # the page's handlers are on
+
+
+@contextmanager
+def _paused(worker: WorkerProcess) -> Iterator[None]:
+    """The worker process stopped (SIGSTOP) for the block: it takes no work until the end."""
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
 
 
 def _shot(page: Page, out: Path, name: str) -> None:
@@ -136,15 +151,17 @@ def test_login_upload_submit_watch_tiles_and_download(
         expect(page.locator("#submit")).to_be_enabled()
         _shot(page, shots, "2-inspected")
 
-        # submit a 2x2 tile grid; the job page opens
+        # submit a 2x2 tile grid; the job page opens. The worker takes no tile until the page
+        # shows the grid queued, so the page sees the tiles render however loaded the machine is
         expect(page.locator("#denoise")).to_be_checked()  # as the file asks
         page.uncheck("#denoise")  # (a denoiser run costs this test seconds)
         page.fill("#tiles", "2x2")
         page.fill("#name", "browser test shot")
-        page.click("#submit")
-        page.wait_for_url(live.url + "/jobs/*")
-        expect(page.locator("#job-name")).to_have_text("browser test shot")
-        expect(page.locator(".frame[data-frame='1'] .tile")).to_have_count(4)
+        with _paused(site.worker):
+            page.click("#submit")
+            page.wait_for_url(live.url + "/jobs/*")
+            expect(page.locator("#job-name")).to_have_text("browser test shot")
+            expect(page.locator(".frame[data-frame='1'] .tile.queued")).to_have_count(4)
 
         # the grid fills in from the event stream and the frame's thumbnail appears
         thumb = page.locator(".frame[data-frame='1'] img.thumb.shown")
@@ -154,8 +171,7 @@ def test_login_upload_submit_watch_tiles_and_download(
         expect(page.locator(".frame[data-frame='1'] .tile.done")).to_have_count(4)
         seen = page.evaluate("window.__tiles")
         states = {i: [cls.split()[-1] for tile, cls in seen if tile == i] for i in "0123"}
-        # every tile ended done, and the page saw tiles render (the last ones at least: the
-        # job was still running when the page opened)
+        # every tile ended done, and the page saw tiles render (they were queued when it opened)
         assert all(s and s[-1] == "done" for s in states.values()), states
         assert any("rendering" in s for s in states.values()), states
         expect(page.locator("#log")).to_contain_text("frame 1 done")
