@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from farm.blendfile import BlendInfo, check_blend
 from farm.errors import BadBlendFile
-from tests.conftest import TESTDATA
+from tests.conftest import REPO, TESTDATA
 
 REAL_FILES = [
     ("01_missing_textures.blend", "2.79"),
@@ -347,8 +347,29 @@ def test_missing_file(tmp_path: Path) -> None:
     assert "does not exist" in rejected(tmp_path / "gone.blend").message
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
 def test_unreadable_file(tmp_path: Path) -> None:
     path = write(tmp_path, b"BLENDER-v279")
     path.chmod(0)
-    assert "cannot be read" in rejected(path).message
+    if os.geteuid() != 0:
+        assert "cannot be read" in rejected(path).message
+        return
+    # root reads files whatever their mode: the check runs in a child without the capabilities
+    # that let it (dropped from the bounding set, so the child's exec never gets them back)
+    child = subprocess.run(
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+         UNREADABLE_CHILD, str(path)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == f"{path} cannot be read (Permission denied)"
+
+
+UNREADABLE_CHILD = """
+import sys
+from farm.blendfile import check_blend
+from farm.errors import BadBlendFile
+try:
+    check_blend(sys.argv[1])
+except BadBlendFile as error:
+    print(error.message)
+"""
