@@ -232,7 +232,7 @@ def test_no_oversubscription_and_dead_holders_reclaimed(redis_url: str, tmp_path
     holders = Holders(redis_url, tmp_path)
     tokens: dict[str, int] = {}
     deaths: list[Death] = []
-    samples = probes = torn_device_views = 0
+    samples = probes = device_views = 0
     full_slots_seen = False
 
     def kill(name: str) -> None:
@@ -240,7 +240,7 @@ def test_no_oversubscription_and_dead_holders_reclaimed(redis_url: str, tmp_path
         deaths.append(Death(name, death_ms(conn), time.monotonic()))
 
     def sample() -> Snapshot:
-        nonlocal samples, probes, torn_device_views, full_slots_seen
+        nonlocal samples, probes, device_views, full_slots_seen
         now = time.monotonic()
         overdue = [
             d
@@ -281,8 +281,13 @@ def test_no_oversubscription_and_dead_holders_reclaimed(redis_url: str, tmp_path
                 assert state.used_encoder_sessions <= state.encoder_sessions, state
                 assert state.used_render_slots <= state.render_slots, state
                 assert state.alive and state.available, state
-                if state.used_render_slots != sum(int(x["slots"]) for x in state.leases):
-                    torn_device_views += 1  # its lease rows are read after the counters
+                # its counters and its lease rows come from one atomic read: they agree
+                listed = tuple(
+                    sum(int(x[f]) for x in state.leases) for f in ("vram", "enc", "slots")
+                )
+                used = (state.used_vram_mib, state.used_encoder_sessions, state.used_render_slots)
+                assert used == listed, state
+                device_views += 1
         return snap
 
     started = time.monotonic()
@@ -347,11 +352,12 @@ def test_no_oversubscription_and_dead_holders_reclaimed(redis_url: str, tmp_path
         f"{dead_leases} leases of dead holders, seen gone at most {max(settle_ms, default=0)} ms "
         f"after death (bound {RECLAIM_BOUND_MS}); {by_survivors} of {with_leases} dead holders' "
         f"leases reclaimed by the survivors' calls alone; {probes} probes; "
-        f"{torn_device_views} torn SlotAllocator.devices() views"
+        f"{device_views} SlotAllocator.devices() views checked"
     )
     # the run exercised what it claims to: real contention, and kills that caught leases held
     assert len(grants) >= 20
     assert full_slots_seen
+    assert device_views >= 10
     assert churn_deaths >= 6
     assert sum(1 for d in deaths[:churn_deaths] if d.lease_ids) >= 3
     conn.close()
