@@ -44,9 +44,9 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from farm import slotscripts  # noqa: E402
+from farm.alloc import scripts  # noqa: E402
+from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
-from farm.slots import DeviceOffer, Request, SlotAllocator  # noqa: E402
 
 OPERATIONS = ("ping", "evalsha", "allocator")
 LABELS = {"ping": "redis PING", "evalsha": "EVALSHA return 1", "allocator": "acquire+release"}
@@ -286,8 +286,8 @@ def script_exec_us(conn: redis.Redis, pairs: int = 1000) -> dict[str, float]:
     alloc = SlotAllocator(conn, ttl_s=LEASE_TTL_S)
     trivial = conn.register_script("return 1")
     names = {
-        hashlib.sha1(slotscripts.ACQUIRE.encode()).hexdigest(): "acquire",
-        hashlib.sha1(slotscripts.RELEASE.encode()).hexdigest(): "release",
+        hashlib.sha1(scripts.ACQUIRE.encode()).hexdigest(): "acquire",
+        hashlib.sha1(scripts.RELEASE.encode()).hexdigest(): "release",
         trivial.sha: "evalsha_return_1",
     }
     before = {

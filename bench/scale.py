@@ -1,13 +1,13 @@
 """One Redis for a whole farm: what N devices at a steady load cost it, for N = 8 ... 10,000.
 
 A discrete-event simulation drives the farm's real Redis code against one private redis-server:
-the allocator's scripts (``farm.slots``), the job store (``farm.jobstore``), rq queues through
-``farm.queue`` and ``farm.submission``, and the recovery sweep. Only the devices and the work
-are simulated:
+the allocator's scripts (``farm.alloc.allocator``), the job store (``farm.jobstore``), rq queues
+through ``farm.queue`` and ``farm.submission``, and the recovery sweep. Only the devices and the
+work are simulated:
 
 - **devices**: N GPUs over N/8 hosts, one class per host, cycling through every class of the
   fake NVML (``farm.gpu.fake.FAKE_MODELS``: memory, NVENC engines, consumer session caps); each
-  host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.agent`` does.
+  host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.alloc.agent`` does.
 - **render workers**: one per device, no Blender: a worker dequeues a task (rq's own
   ``dequeue_any`` and the started-registry bookkeeping of ``rq.Worker``), starts the tile,
   leases its device (a pinned request), "renders" for a time drawn from an exponential
@@ -61,10 +61,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from farm import jobstore, queue  # noqa: E402
+from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
-from farm.slots import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.submission import submit  # noqa: E402
 
 LEASE_TTL_S = 15.0
@@ -348,10 +348,11 @@ def command_usec(conn: redis.Redis) -> dict[str, tuple[int, int]]:
 
 def script_names() -> dict[str, str]:
     """sha1 -> name of every Lua script the farm registers (to read SLOWLOG by script)."""
-    from farm import jobscripts, slotscripts
+    from farm import jobscripts
+    from farm.alloc import scripts
 
     out = {}
-    for module in (slotscripts, jobscripts, queue):
+    for module in (scripts, jobscripts, queue):
         for name, value in vars(module).items():
             if isinstance(value, str) and name.isupper() and "redis.call" in value:
                 out[hashlib.sha1(value.encode()).hexdigest()] = name.lower().lstrip("_")

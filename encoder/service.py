@@ -33,14 +33,14 @@ from encoder.session import SessionState, StreamSession
 from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
 from encoder.turn import ice_servers
 from farm import keys, sandbox, streamauth
-from farm.agent import DeviceAgent
-from farm.devices import Device
+from farm.alloc.agent import DeviceAgent
+from farm.alloc.allocator import Lease, Request, SlotAllocator
+from farm.alloc.devices import Device
 from farm.errors import BadParameter, DeviceUnavailable, FarmError, NeverFits, NoCapacity, NotFound
 from farm.gpu.factory import open_nvml
 from farm.gpu.types import Nvml
 from farm.redisclient import Redis, connect, guard
 from farm.settings import Settings
-from farm.slots import Lease, Request, SlotAllocator
 
 log = logging.getLogger("tessera.stream")
 

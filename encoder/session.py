@@ -28,10 +28,10 @@ from encoder.videoencoder import EncoderConfig, VideoEncoder, open_encoder, star
 from encoder.wsviewer import WsViewer
 from encoder.xinput import XInput
 from farm import metrics
-from farm.devices import Device
+from farm.alloc.allocator import Lease, SlotAllocator
+from farm.alloc.devices import Device
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
 from farm.settings import Settings
-from farm.slots import Lease, SlotAllocator
 from farm.storage.factory import farm_storage
 
 log = logging.getLogger("tessera.stream")

@@ -382,7 +382,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
 
 def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
     from farm import jobstore
-    from farm.slots import SlotAllocator
+    from farm.alloc.allocator import SlotAllocator
 
     allocator = SlotAllocator(jobstore.connect(settings.redis_url), ttl_s=settings.lease_ttl_s)
     devices = allocator.devices()
@@ -438,7 +438,8 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_usage(settings: Settings, args: argparse.Namespace) -> Any:
-    from farm import jobstore, usage
+    from farm import jobstore
+    from farm.alloc import usage
 
     conn = jobstore.connect(settings.redis_url)
     names = [args.project] if args.project else usage.projects(conn)

@@ -234,7 +234,7 @@ def stream_owner(session_id: str) -> str:
 STREAM_SERVICES = f"{PREFIX}:stream:services"
 
 
-# --- usage accounting (written by the allocator's scripts, read by farm.usage) -----------------
+# --- usage accounting (written by the allocator's scripts, read by farm.alloc.usage) -------------
 
 #: set of the projects with recorded usage
 USAGE_PROJECTS = f"{PREFIX}:usage-projects"

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 from farm.errors import FarmError
 
 if TYPE_CHECKING:
-    from farm.devices import Device
+    from farm.alloc.devices import Device
     from farm.gpu.types import GpuInfo
     from farm.jobstore import JobStore
     from farm.settings import Settings
@@ -240,7 +240,7 @@ class FarmCollector(Collector):
 
     def __init__(self, settings: Settings) -> None:
         from farm import jobstore, queue
-        from farm.slots import SlotAllocator
+        from farm.alloc.allocator import SlotAllocator
 
         self.settings = settings
         self.conn = jobstore.connect(settings.redis_url)
@@ -262,7 +262,8 @@ class FarmCollector(Collector):
             yield up
 
     def _collect(self) -> Iterator[Metric]:
-        from farm import queue, usage
+        from farm import queue
+        from farm.alloc import usage
 
         depths = queue.depths(self.rq_conn)
         devices = self.allocator.devices()
@@ -296,7 +297,7 @@ class FarmCollector(Collector):
 
 
 def _device_families(devices: Sequence[object]) -> Iterator[Metric]:
-    from farm.slots import DeviceState
+    from farm.alloc.allocator import DeviceState
 
     labels = ["device", "device_class", "host"]
     rows: list[tuple[str, str, str]] = [

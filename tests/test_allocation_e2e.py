@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from farm import keys
-from farm.agent import DeviceAgent
+from farm.alloc.agent import DeviceAgent
+from farm.alloc.allocator import Request, SlotAllocator
 from farm.errors import LeaseLost, NoCapacity
 from farm.gpu.fake import FakeNvml
 from farm.settings import Settings
-from farm.slots import Request, SlotAllocator
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, submit, until, wait_for
 from workers import exr

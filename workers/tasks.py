@@ -14,14 +14,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from farm import delivery, keys, metrics
-from farm.devices import Device
+from farm.alloc.allocator import Lease, Request, SlotAllocator
+from farm.alloc.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
 from farm.jobstore import JobStore
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue
 from farm.redisclient import Redis
 from farm.settings import Settings
-from farm.slots import Lease, Request, SlotAllocator
 from farm.states import JobState
 from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key

@@ -8,12 +8,12 @@ import threading
 from collections.abc import Callable
 
 from farm import jobstore, metrics, queue, sandbox
-from farm.agent import DeviceAgent
-from farm.devices import Device
+from farm.alloc.agent import DeviceAgent
+from farm.alloc.allocator import SlotAllocator
+from farm.alloc.devices import Device
 from farm.errors import DeviceUnavailable
 from farm.gpu.factory import open_nvml
 from farm.settings import Settings
-from farm.slots import SlotAllocator
 from farm.storage.factory import farm_storage
 from workers import tasks
 from workers.child import BlenderChild

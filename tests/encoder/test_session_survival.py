@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from encoder.service import StreamService, running
+from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
-from farm.slots import SlotAllocator
 from tests.encoder import tokens
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.serviceprocess import ServiceProcess, ours_command

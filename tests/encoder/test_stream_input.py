@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from encoder.service import StreamService
-from farm.slots import SlotAllocator
+from farm.alloc.allocator import SlotAllocator
 from tests.encoder.rtcviewer import Received, RtcViewer
 from tests.encoder.test_stream_video import api, run
 

@@ -19,8 +19,8 @@ import redis
 
 from encoder.service import running
 from farm import keys
+from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
-from farm.slots import SlotAllocator
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.test_stream_video import api
 from tests.encoder.tokens import operator_headers

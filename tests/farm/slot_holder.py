@@ -17,8 +17,8 @@ import time
 
 import redis
 
+from farm.alloc.allocator import Request, SlotAllocator
 from farm.errors import LeaseLost, NoCapacity
-from farm.slots import Request, SlotAllocator
 
 #: short, so a dead holder's lease runs out quickly; live holders renew well within it
 LEASE_TTL_S = 1.0

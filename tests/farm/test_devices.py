@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from farm.devices import (
+from farm.alloc.devices import (
     CONSUMER_NVENC_SESSION_CAP,
     Device,
     device_class_of,

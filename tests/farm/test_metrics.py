@@ -15,11 +15,12 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from farm import metrics, usage
-from farm.agent import DeviceAgent
+from farm import metrics
+from farm.alloc import usage
+from farm.alloc.agent import DeviceAgent
+from farm.alloc.allocator import Request, SlotAllocator
 from farm.gpu.fake import FakeNvml
 from farm.settings import Settings
-from farm.slots import Request, SlotAllocator
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, submit, until, wait_for
 

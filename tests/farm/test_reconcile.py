@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from farm.devices import Device, host_devices
-from farm.gpu.fake import FakeNvml
-from farm.gpu.types import GpuProcess
-from farm.reconcile import (
+from farm.alloc.devices import Device, host_devices
+from farm.alloc.reconcile import (
     Drift,
     DriftKind,
     LeaseView,
@@ -14,6 +12,8 @@ from farm.reconcile import (
     unexplained_encoder_sessions,
     unexplained_vram_mib,
 )
+from farm.gpu.fake import FakeNvml
+from farm.gpu.types import GpuProcess
 from farm.settings import Settings
 
 FARM_PIDS = {1000, 1001}

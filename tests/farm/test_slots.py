@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
+from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
 from farm.errors import LeaseLost, NeverFits, NoCapacity
-from farm.slots import DeviceOffer, Request, SlotAllocator
 
 T4 = DeviceOffer("gpu-t4", "t4", "Tesla T4", 15360, 8, 2)
 L4 = DeviceOffer("gpu-l4", "l4", "NVIDIA L4", 23034, 16, 2)

@@ -26,8 +26,8 @@ import pytest
 import redis
 
 from farm import keys
+from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
 from farm.errors import NeverFits
-from farm.slots import DeviceOffer, Request, SlotAllocator
 from tests.farm import slot_holder
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from farm.slots import DeviceOffer, Request, SlotAllocator
+from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
 
 CLASSES = (("t4", "Tesla T4", 15360, 8), ("l4", "NVIDIA L4", 23034, 16), ("a100", "A100", 81920, 0))
 

@@ -22,9 +22,9 @@ from hypothesis.stateful import (
     rule,
 )
 
+from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
 from farm.errors import LeaseLost, NeverFits
 from farm.redisserver import RedisServer
-from farm.slots import DeviceOffer, Lease, Request, SlotAllocator
 
 DEVICES = [
     DeviceOffer("gpu-t4", "t4", "Tesla T4", 15360, 8, 2),

@@ -8,10 +8,11 @@ import json
 import pytest
 import redis
 
-from farm import cli, usage
+from farm import cli
+from farm.alloc import usage
+from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
 from farm.errors import BadParameter
 from farm.settings import Settings
-from farm.slots import DeviceOffer, Request, SlotAllocator
 
 T4 = DeviceOffer("gpu-t4", "t4", "Tesla T4", 15360, 8, 2)
 CPU = DeviceOffer("cpu-host", "cpu", "cpu", 65536, 4, 4)

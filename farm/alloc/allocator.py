@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm import keys, slotscripts
+from farm import keys
+from farm.alloc import scripts
 from farm.errors import BadParameter, LeaseLost, NeverFits, NoCapacity
 from farm.redisclient import Redis, guard
 
@@ -132,12 +133,12 @@ class SlotAllocator:
         self.ttl_ms = int(ttl_s * 1000)
         # None: Redis's own clock, the same for every host
         self.clock_ms = clock_ms
-        self._acquire = conn.register_script(slotscripts.ACQUIRE)
-        self._renew = conn.register_script(slotscripts.RENEW)
-        self._release = conn.register_script(slotscripts.RELEASE)
-        self._check = conn.register_script(slotscripts.CHECK)
-        self._register = conn.register_script(slotscripts.REGISTER)
-        self._snapshot = conn.register_script(slotscripts.SNAPSHOT)
+        self._acquire = conn.register_script(scripts.ACQUIRE)
+        self._renew = conn.register_script(scripts.RENEW)
+        self._release = conn.register_script(scripts.RELEASE)
+        self._check = conn.register_script(scripts.CHECK)
+        self._register = conn.register_script(scripts.REGISTER)
+        self._snapshot = conn.register_script(scripts.SNAPSHOT)
 
     def _now(self) -> str:
         return "" if self.clock_ms is None else str(self.clock_ms())

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from farm.devices import Device
+from farm.alloc.devices import Device
 from farm.gpu.types import GpuInfo
 
 

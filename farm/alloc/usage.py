@@ -1,7 +1,7 @@
 """Usage accounting: what each project's leases cost in device-hours, energy, money and CO2e.
 
 The allocator's scripts append one record per lease when it ends (released, expired, revoked:
-see ``farm.slotscripts``) to the project's stream ``keys.usage(project)`` and add it to the
+see ``farm.alloc.scripts``) to the project's stream ``keys.usage(project)`` and add it to the
 project's running totals. A record carries the lease's device class, its start and end (an
 expired lease is charged until its expiry, not until someone noticed), and the device's energy
 over it where an agent reports NVML's total-energy counter: the counter's increase between two

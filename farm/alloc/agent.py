@@ -8,12 +8,12 @@ import threading
 from collections.abc import Callable
 
 from farm import metrics
-from farm.devices import Device, host_devices, host_encoder_budget
+from farm.alloc.allocator import DeviceOffer, SlotAllocator
+from farm.alloc.devices import Device, host_devices, host_encoder_budget
+from farm.alloc.reconcile import Drift, LeaseView, reconcile, unexplained_vram_mib
 from farm.errors import FarmError, NvmlError
 from farm.gpu.types import GpuInfo, Nvml
-from farm.reconcile import Drift, LeaseView, reconcile, unexplained_vram_mib
 from farm.settings import Settings
-from farm.slots import DeviceOffer, SlotAllocator
 
 log = logging.getLogger("tessera.agent")
 
