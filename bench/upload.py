@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from farm import jobstore  # noqa: E402
+from farm.accounts import Accounts  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
-from web.accounts import Accounts  # noqa: E402
 
 CHUNK = 16 << 20
 MIB = 1 << 20

@@ -467,14 +467,14 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_up(settings: Settings, args: argparse.Namespace) -> None:
-    from web.stack import up
+    from farm.stack import up
 
     up(settings.with_(web_port=settings.web_port if args.port is None else args.port), args.data)
 
 
 def cmd_token(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
     from farm import jobstore
-    from web.accounts import Accounts, check_role
+    from farm.accounts import Accounts, check_role
 
     conn = jobstore.connect(settings.redis_url)
     try:

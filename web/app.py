@@ -11,9 +11,9 @@ from aiohttp import web
 
 from farm import jobstore, queue
 from farm import metrics as farm_metrics
+from farm.accounts import Accounts
 from farm.settings import Settings
 from farm.storage.factory import farm_storage
-from web.accounts import Accounts
 from web.appkeys import (
     ACCOUNTS,
     CHECKS,

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import aiohttp
 from aiohttp import web
 
+from farm.accounts import Accounts, User
 from farm.jobstore import JobStore
 from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.storage.base import Storage
-from web.accounts import Accounts, User
 
 if TYPE_CHECKING:
     from web.routes import Route

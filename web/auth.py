@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from farm.accounts import ROLE_RANK, User, check_name, check_role, digest
 from farm.errors import BadParameter, Forbidden, NotFound, Unauthorized
 from web import jsonio
-from web.accounts import ROLE_RANK, User, check_name, check_role, digest
 from web.appkeys import ACCOUNTS, ROUTES, SETTINGS, USER, blocking, user_of
 
 if TYPE_CHECKING:

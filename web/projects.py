@@ -6,9 +6,9 @@ import logging
 
 from aiohttp import web
 
+from farm.accounts import check_name
 from farm.errors import BadParameter, Forbidden
 from web import jsonio
-from web.accounts import check_name
 from web.appkeys import ACCOUNTS, blocking, user_of
 from web.auth import role_in
 from web.limits import LIMITS, limits_of

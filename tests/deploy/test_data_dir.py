@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 from farm.settings import Settings, default_data_dir
+from farm.stack import data_folder
 from tests.conftest import REPO
-from web.stack import data_folder
 
 START_TIMEOUT_S = 120
 

@@ -6,11 +6,11 @@ import asyncio
 from pathlib import Path
 
 from farm import jobstore
+from farm.accounts import Accounts
 from farm.settings import Settings
 from farm.storage.layout import tile_log_key
 from farm.storage.local import LocalStorage
 from tests.web.conftest import api, bearer, make_job
-from web.accounts import Accounts
 
 
 def test_a_tile_log_is_read_by_the_jobs_project_and_nobody_else(

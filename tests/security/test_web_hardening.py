@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient
 from playwright.sync_api import ConsoleMessage, sync_playwright
 
 from farm import jobstore, keys
+from farm.accounts import Accounts
 from farm.settings import Settings
 from tests.web.conftest import (
     Tokens,
@@ -32,7 +33,6 @@ from tests.web.conftest import (
 )
 from tests.web.test_addon_client import LiveWeb
 from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS
-from web.accounts import Accounts
 from web.pages import STATIC
 from web.serve import run
 

@@ -14,8 +14,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from farm import jobstore
+from farm.accounts import Accounts
 from farm.settings import Settings
-from web.accounts import Accounts
 from web.app import create_app
 
 

@@ -97,7 +97,7 @@ class LiveWeb:
 
 
 def member_token(redis_url: str, user: str = "blender-artist", project: str = "shorts") -> str:
-    from web.accounts import Accounts
+    from farm.accounts import Accounts
 
     conn = jobstore.connect(redis_url)
     try:

@@ -185,7 +185,7 @@ async def test_device_policy_is_enforced_at_submit(web_settings: Settings, token
         # a project admin narrows members to the CPU
         conn = jobstore.connect(web_settings.redis_url)
         try:
-            from web.accounts import Accounts
+            from farm.accounts import Accounts
 
             Accounts(conn).set_role("alice", "A", "admin")
             Accounts(conn).set_role("dan", "A", "member")

@@ -72,7 +72,7 @@ def test_farm_token_create_and_revoke(
     issued = json.loads(capsys.readouterr().out)
     assert issued["token"].startswith("tsr_")
     from farm import jobstore
-    from web.accounts import Accounts
+    from farm.accounts import Accounts
 
     conn = jobstore.connect(redis_url)
     try:

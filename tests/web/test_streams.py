@@ -6,10 +6,10 @@ import aiohttp
 import pytest
 
 from farm import jobstore
+from farm.accounts import Accounts
 from farm.settings import Settings
 from tests.encoder.tokens import STREAM_SECRET
 from tests.web.conftest import Tokens, api, bearer
-from web.accounts import Accounts
 
 
 async def test_launch_list_and_end_a_stream_through_the_web(

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TextIO
 
 from farm import jobstore, lifetime
+from farm.accounts import Accounts
 from farm.embedded import LocalWorkers
 from farm.gpu.factory import open_nvml
 from farm.redisserver import RedisServer
 from farm.settings import Settings, default_data_dir
-from web.accounts import Accounts
 from web.serve import run
 
 log = logging.getLogger("tessera.up")
