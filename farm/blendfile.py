@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -24,6 +26,8 @@ ZSTD_SKIPPABLE_MAGIC_LOW = 0x184D2A50
 SAVE_AGAIN = "save it again or re-upload"
 #: bytes allowed in a block code: ID codes ("OB\0\0"), DATA, REND, GLOB, DNA1, TEST, ENDB
 CODE_BYTES = frozenset(b"\0 _0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+#: the code of a block header that was zeroed (no Blender block has an empty code)
+ZEROED_CODE = b"\0\0\0\0"
 
 
 @dataclass(frozen=True)
@@ -284,21 +288,43 @@ def _looks_like(head: bytes) -> str:
 def check_blend(path: Path) -> BlendInfo:
     """Check that path holds a complete .blend file; raise BadBlendFile saying what is wrong."""
     path = Path(path)
+    with open_regular(path) as file:
+        try:
+            return _check_open(path, file)
+        except OSError as error:
+            raise _bad(path, f"cannot be read ({error.strerror})", "unreadable") from None
+
+
+#: what a path that is not a regular file is, by its ``stat`` type
+_NOT_FILES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; BadBlendFile otherwise.
+
+    Opened without blocking: a named pipe with no writer would otherwise hang the open forever,
+    and a device could stream without end. The type comes from the open file, not the name, so a
+    path swapped for a pipe after a check is still refused.
+    """
     try:
-        file = path.open("rb")
-    except IsADirectoryError:
-        raise _bad(path, "is a directory, not a .blend file", "unreadable") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise _bad(path, "does not exist", "unreadable") from None
     except OSError as error:
         raise _bad(path, f"cannot be read ({error.strerror})", "unreadable") from None
-    with file:
-        try:
-            return _check_open(path, file)
-        except IsADirectoryError:
-            raise _bad(path, "is a directory, not a .blend file", "unreadable") from None
-        except OSError as error:
-            raise _bad(path, f"cannot be read ({error.strerror})", "unreadable") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _NOT_FILES if test(mode)), "not a regular file")
+        raise _bad(path, f"is {kind}, not a .blend file", "unreadable")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _check_open(path: Path, file: BinaryIO) -> BlendInfo:
@@ -433,9 +459,13 @@ def _walk(path: Path, source: _Source) -> tuple[_Header, int]:
                 buf += chunk
         code, length, count = layout.unpack(buf, pos - base)
         blocks += 1
-        if not CODE_BYTES.issuperset(code):
-            raise _corrupt_block(path, pos, f"an invalid code {code!r}")
-        if length < 0 or length > MAX_BLOCK_BYTES:
+        if not CODE_BYTES.issuperset(code) or code == ZEROED_CODE:
+            # zeroes where a block header belongs: a disk or copy fault, not a cut-off file
+            what = "only zero bytes" if code == ZEROED_CODE else f"an invalid code {code!r}"
+            raise _corrupt_block(path, pos, what)
+        if length < 0:
+            raise _corrupt_block(path, pos, "a negative length")
+        if length > MAX_BLOCK_BYTES:
             raise _corrupt_block(path, pos, f"an impossible length of {length} bytes")
         if count < 0:
             raise _corrupt_block(path, pos, f"an impossible item count of {count}")
@@ -467,7 +497,7 @@ def expanded_size(path: Path, limit: int) -> int:
     from farm.errors import TooLarge
 
     path = Path(path)
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         size = file.seek(0, 2)
         file.seek(0)
         head = file.read(4)

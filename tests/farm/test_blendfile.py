@@ -9,6 +9,7 @@ import random
 import struct
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
@@ -231,7 +232,20 @@ def test_negative_block_length_is_corruption(tmp_path: Path) -> None:
     error = rejected(write(tmp_path, data))
     assert error.fields["reason"] == "corrupt_block"
     assert error.fields["offset"] == 12 + 24 + 72
-    assert "impossible length of -5 bytes" in error.message
+    assert "a negative length;" in error.message
+    assert "-5" not in error.message  # a length a user cannot act on, and not one Blender wrote
+
+
+def test_zeroed_block_header_is_corruption_not_truncation(tmp_path: Path) -> None:
+    """A run of zero bytes where a block header belongs (a disk or copy fault) is corruption at
+    that offset; walked as empty blocks it would end as "truncated" at the end of the file."""
+    data = bytearray(old_blend(b"-", b"v", b"279", [(b"REND", 72), (b"DATA", 64), (b"TEST", 8)]))
+    start = 12 + 24 + 72
+    data[start : start + 4096] = bytes(min(4096, len(data) - start))
+    error = rejected(write(tmp_path, bytes(data)))
+    assert error.fields["reason"] == "corrupt_block"
+    assert error.fields["offset"] == start
+    assert "only zero bytes" in error.message
 
 
 def test_absurd_block_length_is_corruption(tmp_path: Path) -> None:
@@ -341,6 +355,28 @@ def test_random_bytes(tmp_path: Path) -> None:
 def test_directory(tmp_path: Path) -> None:
     error = rejected(tmp_path)
     assert error.message == f"{tmp_path} is a directory, not a .blend file"
+
+
+def test_named_pipe_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    """A FIFO named x.blend: opening it for reading blocks until someone writes, forever."""
+    fifo = tmp_path / "x.blend"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+    checker = threading.Thread(target=lambda: outcome.append(rejected(fifo)), daemon=True)
+    checker.start()
+    checker.join(10)
+    if checker.is_alive():
+        with fifo.open("wb"):  # unblock the reader so the thread ends, then fail
+            pass
+        checker.join(10)
+        pytest.fail("check_blend blocked on a named pipe with no writer")
+    assert str(outcome[0]) == f"{fifo} is a named pipe (FIFO), not a .blend file"
+
+
+def test_device_is_refused() -> None:
+    assert (
+        rejected(Path("/dev/zero")).message == "/dev/zero is a character device, not a .blend file"
+    )
 
 
 def test_missing_file(tmp_path: Path) -> None:
