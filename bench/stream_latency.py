@@ -35,8 +35,10 @@ frame's counter and capture time read from a canvas in requestVideoFrameCallback
 frame's expected display time, p50/p95 against the sender's clock.
 
 Targets: idle p50 within 1.1x of plain aiortc and p99 <= 2x p50; loaded p95 <= 0.5x plain's;
-in Chromium p50 <= 20 ms and p95 <= 30 ms. A verdict needs >= 90 % of the frames delivered
-(else: "no verdict").
+in Chromium p50 <= 20 ms and p95 <= 30 ms. A verdict needs, in every run of ours (the arm a
+target judges; plain aiortc delivering less only flatters its own figures), >= 90 % of the
+stamped frames delivered and a received rate >= 90 % of --fps (else: "no verdict"): a service
+that drops or never captures frames would otherwise look fast.
 
     python bench/stream_latency.py [--frames 600] [--size 1280x720] [--fps 60] [--runs 3]
         [--conditions idle,loaded] [--load sessions|hog] [--browser-frames 300]
@@ -70,7 +72,8 @@ from tests.encoder.streamclient import ReceivedFrame, StreamClient, Viewer, read
 from tests.encoder.tokens import operator, operator_headers  # noqa: E402
 
 ARMS = ("ours", "plain")
-#: a latency verdict counts only when the arm delivered at least this share of the frames
+#: a latency verdict counts only when the arm delivered at least this share of the frames, in
+#: every run, at this share of the session's rate
 MIN_DELIVERED_PCT = 90.0
 LOAD_SESSIONS = 4
 CHROMIUM = "/usr/bin/chromium"
@@ -305,6 +308,11 @@ def summarize(
         fps = statistics.median(r.fps for r in runs)
         figures[f"{prefix}_{arm}_delivered_pct"] = round(100 * delivered, 2)
         figures[f"{prefix}_{arm}_fps"] = round(fps, 2)
+        # the worst run: what gates a verdict
+        figures[f"{prefix}_{arm}_delivered_pct_min"] = round(
+            100 * min(r.delivered for r in runs), 2
+        )
+        figures[f"{prefix}_{arm}_fps_min"] = round(min(r.fps for r in runs), 2)
         print(
             f"  {arm:5}  " + "  ".join(cells) + f"  ms   delivered {100 * delivered:.1f} %"
             f"  {fps:.1f} fps"
@@ -397,20 +405,25 @@ async def run_all(
                 await browser.close()
         summarize("browser", results, figures, "browser: capture -> expected display")
     figures["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
-    # each target: its figure, its bound, and the delivered share that gates its verdict
+    # each target: its figure, its bound, and the condition whose delivery by ours gates it
     targets = {
-        "idle_p50_ratio_ours_to_plain": (1.1, "idle_ours_delivered_pct"),
-        "idle_ours_p99_to_p50": (2.0, "idle_ours_delivered_pct"),
-        "loaded_p95_ratio_ours_to_plain": (0.5, "loaded_ours_delivered_pct"),
-        "browser_ours_p50_ms": (20.0, "browser_ours_delivered_pct"),
-        "browser_ours_p95_ms": (30.0, "browser_ours_delivered_pct"),
+        "idle_p50_ratio_ours_to_plain": (1.1, "idle"),
+        "idle_ours_p99_to_p50": (2.0, "idle"),
+        "loaded_p95_ratio_ours_to_plain": (0.5, "loaded"),
+        "browser_ours_p50_ms": (20.0, "browser"),
+        "browser_ours_p95_ms": (30.0, "browser"),
     }
+    min_fps = MIN_DELIVERED_PCT / 100 * args.fps
     print("\ntargets")
-    for name, (bound, gate) in targets.items():
+    for name, (bound, condition) in targets.items():
         if name not in figures:
             continue
-        if figures.get(gate, 0.0) < MIN_DELIVERED_PCT:
-            verdict = f"no verdict ({gate} {figures.get(gate)} < {MIN_DELIVERED_PCT})"
+        delivered = figures[f"{condition}_ours_delivered_pct_min"]
+        fps = figures[f"{condition}_ours_fps_min"]
+        if delivered < MIN_DELIVERED_PCT:
+            verdict = f"no verdict (ours delivered {delivered} % in a run < {MIN_DELIVERED_PCT})"
+        elif fps < min_fps:
+            verdict = f"no verdict (ours received {fps} fps in a run < {min_fps:g})"
         else:
             verdict = "met" if figures[name] <= bound else "NOT met"
         figures[f"{name}_verdict"] = verdict.split(" (")[0]
