@@ -1,21 +1,19 @@
 """The render worker's handle on its long-lived Blender child process (spawn, talk, time out, kill).
 
-The child (workers/blender_child.py) keeps the opened .blend between tiles. This side never
-imports bpy: it speaks length-prefixed JSON over two pipes and turns the child's deaths,
-timeouts and error replies into farm.errors.
+The child (workers/blender/) keeps the opened .blend between tiles. This side never imports
+bpy: it speaks workers.wire's messages over two pipes and turns the child's deaths, timeouts,
+unreadable replies and error replies into farm.errors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import math
 import os
 import re
 import select
 import signal
-import struct
 import subprocess
 import time
 from collections import deque
@@ -32,6 +30,7 @@ from farm.errors import (
 )
 from farm.settings import Settings
 from farm.tiling import Rect
+from workers import wire
 
 #: time allowed for a fresh child to import bpy and answer its first ping
 START_TIMEOUT_S = 120.0
@@ -135,7 +134,7 @@ class BlenderChild(lifetime.ChildHandle):
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
         argv = [
-            self.python, "-m", "workers.blender.session",
+            self.python, "-m", "workers.blender",
             "--cmd-fd", str(cmd_r), "--reply-fd", str(reply_w),
             "--device", self.device, "--threads", str(self.threads),
         ]  # fmt: skip
@@ -351,7 +350,7 @@ class BlenderChild(lifetime.ChildHandle):
     ) -> dict[str, Any]:
         """Render ``rect`` of ``frame`` (the whole frame when None) to a 32-bit float RGBA EXR.
 
-        ``options`` (see workers.blender_child.Session.render): ``layers`` (a multilayer EXR of
+        ``options`` (see workers.blender.render.render): ``layers`` (a multilayer EXR of
         every pass), ``denoise_data``, ``sample_subset`` [offset, count], ``adaptive``,
         ``backend``, ``allow_cpu_fallback``.
         """
@@ -419,10 +418,7 @@ class BlenderChild(lifetime.ChildHandle):
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self._cmd_fd is not None
-        body = json.dumps(message).encode("utf-8")
-        view = memoryview(struct.pack(">I", len(body)) + body)
-        while view:
-            view = view[os.write(self._cmd_fd, view) :]
+        wire.write_message(self._cmd_fd, message)
 
     def _call(
         self,
@@ -442,6 +438,9 @@ class BlenderChild(lifetime.ChildHandle):
             self._send(message)
         except BrokenPipeError:
             raise self._crashed(doing, context) from None
+        except wire.WireError as exc:
+            # refused before a byte was written: the child is still in step
+            raise RenderError(f"{doing} was not asked of Blender: {exc}", **context) from None
         reply = self._receive(deadline, timeout_s, doing, context)
         if reply.get("ok"):
             result: dict[str, Any] = reply.get("result", {})
@@ -459,10 +458,8 @@ class BlenderChild(lifetime.ChildHandle):
         assert self._reply_fd is not None
         poller = select.poll()
         poller.register(self._reply_fd, select.POLLIN)
-        data = bytearray()
-        need = 4
-        have_length = False
-        while len(data) < need:
+        decoder = wire.Decoder()
+        while True:
             left_s = deadline - time.monotonic()
             if left_s <= 0:
                 pid = self.pid
@@ -479,12 +476,20 @@ class BlenderChild(lifetime.ChildHandle):
             chunk = os.read(self._reply_fd, 1 << 16)
             if not chunk:
                 raise self._crashed(doing, context)
-            data += chunk
-            if not have_length and len(data) >= 4:
-                need = 4 + struct.unpack(">I", bytes(data[:4]))[0]
-                have_length = True
-        reply: dict[str, Any] = json.loads(bytes(data[4:need]).decode("utf-8"))
-        return reply
+            try:
+                reply = decoder.feed(chunk)
+            except wire.WireError as exc:
+                # the reply pipe is out of step: no later reply could be trusted either
+                pid = self.pid
+                self.kill()
+                raise RenderError(
+                    f"Blender's reply could not be read while {doing} ({exc}); "
+                    "the Blender child was killed",
+                    pid=pid,
+                    **context,
+                ) from None
+            if reply is not None:
+                return reply
 
     def _crashed(self, doing: str, context: dict[str, Any]) -> BlenderCrashed:
         """Reap the dead child and describe its death (signal or exit code, last log lines)."""

@@ -29,6 +29,7 @@ from farm.errors import (
 from farm.tiling import Rect, TileGrid, plan_tiles
 from tests.blendscenes import make_scene, render_reference
 from tests.conftest import TESTDATA
+from workers import wire
 from workers.child import BlenderChild
 from workers.exr import read_rgba
 from workers.stitching import stitch
@@ -358,6 +359,21 @@ def test_timeout_kills_the_child_and_the_next_request_restarts_it(scene: Path, w
         assert caught.value.fields["timeout_s"] == 1.5
         assert not c.alive
         assert not Path(f"/proc/{first_pid}").exists(), "the killed child was not reaped"
+        assert c.open(scene, TIMEOUT_S)["reused"] is False
+        assert c.pid != first_pid
+
+
+def test_an_unreadable_request_ends_the_child_and_the_next_request_restarts_it(
+    scene: Path, work: Path
+) -> None:
+    with _new_child(work / "logs", name="corrupt") as c:
+        first_pid = c.pid
+        assert c._cmd_fd is not None
+        # a header announcing more than any message may hold: the child must not wait for it
+        os.write(c._cmd_fd, wire.HEADER.pack(wire.MAX_MESSAGE_BYTES + 1))
+        with pytest.raises(BlenderCrashed, match="exited with status 1") as caught:
+            c.ping(timeout_s=TIMEOUT_S)
+        assert any("event=wire_error" in line for line in caught.value.fields["log_tail"])
         assert c.open(scene, TIMEOUT_S)["reused"] is False
         assert c.pid != first_pid
 

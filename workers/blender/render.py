@@ -1,0 +1,169 @@
+"""Rendering a tile (or the whole frame) of the open file to a 32-bit float EXR: the scene
+set for the request, the file's own settings restored where the request asks nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import bpy
+
+from farm.tiling import Rect, border_floats
+from workers.blender.errors import ChildError
+from workers.blender.process import log
+from workers.exr import read_layers, read_size, write_layers
+
+if TYPE_CHECKING:
+    from workers.blender.session import Session
+
+
+def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
+    """Render ``rect`` of ``frame`` (the whole frame when None) to ``out_path``: RGBA, or with
+    ``layers`` a multilayer EXR of every pass; ``samples``, ``sample_subset``, ``adaptive``,
+    ``denoise_data``, ``backend`` and ``allow_cpu_fallback`` as the request asks."""
+    cycles_device, fallback = session.pick_device(req)
+    opened = session.open(req["path"], req.get("root"))
+    scene = bpy.context.scene
+    width, height = int(req["width"]), int(req["height"])
+    out_path = Path(req["out_path"]).absolute()
+    _prepare_scene(scene, width, height, req.get("samples"), req.get("rect"))
+    layers = _prepare_passes(scene, session.saved, req)
+    scene.cycles.device = cycles_device
+    if session.threads > 0:
+        scene.render.threads_mode = "FIXED"
+        scene.render.threads = session.threads
+    else:
+        scene.render.threads_mode = "AUTO"
+    scene.frame_set(int(req["frame"]))
+    # after frame_set: timeline markers may switch the camera per frame
+    if scene.camera is None:
+        raise ChildError(
+            "no_camera", f"scene {scene.name!r} of {Path(req['path']).name} has no camera"
+        )
+
+    settings = scene.render.image_settings
+    if req.get("layers"):
+        # Every pass of every view layer. Blender 5 writes one EXR part per pass unless told
+        # to interleave; readers that see one part (OpenImageIO in Cycles' denoiser, most
+        # tools) then find only Combined, which is why "only Combined was written" was seen.
+        settings.media_type = "MULTI_LAYER_IMAGE"
+        settings.file_format = "OPEN_EXR_MULTILAYER"
+        settings.use_exr_interleave = True
+    else:
+        settings.media_type = "IMAGE"  # Blender 5: video-output files refuse file_format
+        settings.file_format = "OPEN_EXR"
+        settings.color_mode = "RGBA"
+    settings.color_depth = "32"
+    settings.exr_codec = "ZIP"
+    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex}.tmp.exr")
+    scene.render.filepath = str(tmp)
+    scene.render.use_file_extension = False
+    log("render", frame=req["frame"], rect=req.get("rect"), out=str(out_path))
+    # With persistent data Cycles re-reads its settings only when the scene is tagged, and
+    # setting add-on properties (scene.cycles.samples, device) alone does not tag it:
+    # measured with bpy 5.0.1, a samples change was otherwise silently ignored.
+    scene.update_tag()
+    t0 = time.perf_counter()
+    try:
+        bpy.ops.render.render(write_still=True, scene=scene.name)
+        render_s = time.perf_counter() - t0
+        if not tmp.is_file():
+            raise ChildError("render_failed", f"Blender wrote no image for {out_path.name}")
+        if req.get("layers") and len(layers) > 1:
+            # The file lists passes by name only; say which view layer is the image.
+            image = read_layers(tmp)
+            image.attrs["tessera/layers"] = "\n".join(layers)
+            write_layers(tmp, image)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    # The Render Result image reports 0x0 until its pixels are read: ask the file.
+    width_px, height_px = read_size(out_path)
+    return {
+        "out_path": str(out_path),
+        "width": width_px,
+        "height": height_px,
+        "render_s": round(render_s, 4),
+        "autoexec_fail": opened["autoexec_fail"],
+        "device": session.device_name if cycles_device == "GPU" else "CPU",
+        "fallback": fallback,
+        "layers": layers,
+        "samples": int(scene.cycles.samples),
+    }
+
+
+def file_settings(scene: Any) -> dict[str, Any]:
+    """The settings a render request may change, as the file has them."""
+    return {
+        # tiles render with compositing off; converting asks whether the file composites
+        "compositing": bool(scene.render.use_compositing),
+        "adaptive": bool(scene.cycles.use_adaptive_sampling),
+        "denoising_passes": {
+            vl.name: bool(vl.cycles.denoising_store_passes) for vl in scene.view_layers
+        },
+    }
+
+
+def _prepare_scene(
+    scene: Any, width: int, height: int, samples: int | None, rect: list[int] | None
+) -> None:
+    render = scene.render
+    render.engine = "CYCLES"
+    render.use_persistent_data = True
+    # OSL shaders can read any image file by name (texture("/any/path")): SVM only.
+    scene.cycles.shading_system = False
+    # Denoising per tile makes every pixel differ and seams show; the frame is denoised once.
+    scene.cycles.use_denoising = False
+    render.resolution_x = width
+    render.resolution_y = height
+    render.resolution_percentage = 100
+    if samples is not None:
+        scene.cycles.samples = int(samples)
+    # The raw render result: compositing, sequencer and burnt-in stamps would act per tile.
+    render.use_compositing = False
+    render.use_sequencer = False
+    render.use_stamp = False
+    if rect is None:
+        render.use_border = False
+        render.use_crop_to_border = False
+    else:
+        x0, y0, x1, y1 = (int(v) for v in rect)
+        if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
+            raise ChildError(
+                "bad_parameter", f"tile {rect} is not inside the {width}x{height} frame"
+            )
+        min_x, max_x, min_y, max_y = border_floats(Rect(x0, y0, x1, y1), width, height)
+        render.use_border = True
+        render.use_crop_to_border = True
+        render.border_min_x, render.border_max_x = min_x, max_x
+        render.border_min_y, render.border_max_y = min_y, max_y
+
+
+def _prepare_passes(scene: Any, saved: dict[str, Any], req: dict[str, Any]) -> list[str]:
+    """Set the sample subset, adaptive sampling and denoising passes a request asks for (the
+    file's own values otherwise); returns the view layers that render, in order."""
+    cycles = scene.cycles
+    subset = req.get("sample_subset")
+    if subset is None:
+        cycles.use_sample_subset = False
+    else:
+        offset, count = (int(v) for v in subset)
+        if not (offset >= 0 and count >= 1 and offset + count <= cycles.samples):
+            raise ChildError(
+                "bad_parameter",
+                f"sample subset {offset}+{count} is outside the {cycles.samples} samples",
+            )
+        cycles.use_sample_subset = True
+        cycles.sample_offset = offset
+        cycles.sample_subset_length = count
+    adaptive = req.get("adaptive")
+    cycles.use_adaptive_sampling = saved.get("adaptive", False) if adaptive is None else adaptive
+    originals = saved.get("denoising_passes", {})
+    for vl in scene.view_layers:
+        vl.cycles.denoising_store_passes = bool(req.get("denoise_data")) or originals.get(
+            vl.name, False
+        )
+    return [vl.name for vl in scene.view_layers if vl.use]
