@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import redis
 from redis import Redis
@@ -15,13 +17,18 @@ from farm.errors import QueueError
 
 __all__ = ["Redis", "connect", "guard", "locked"]
 
+T = TypeVar("T")
 
-#: how a client rides out Redis being away (a restart, a failover): reconnect with backoff for
-#: about 15 s before a command fails. Retried scripts are compare-and-set: a commit whose reply
-#: was lost and is sent again finds its tile already done and changes nothing.
-RETRIES = 20
+
+#: how long a client rides out Redis being away (a restart, a failover, a partition) before a
+#: command fails: it reconnects with backoff until then. Retried scripts are compare-and-set: a
+#: commit whose reply was lost and is sent again finds its tile already done and changes nothing.
+RIDE_OUT_S = 15.0
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
+#: a connection not made in this long goes nowhere (a partition drops the SYNs): give up on it
+#: and try again, rather than spend the whole ride-out on one attempt
+CONNECT_TIMEOUT_S = 2.0
 
 
 #: a reply slower than this is a dead connection (reconnect and retry). Every blocking call
@@ -29,9 +36,52 @@ BACKOFF_CAP_S = 1.0
 #: its own, longer timeout on its connection for its dequeue.
 SOCKET_TIMEOUT_S = 10.0
 
+log = logging.getLogger("tessera.redis")
 
-def _retry() -> Retry:
-    return Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
+
+class RideOut(Retry):
+    """Retry for ``ride_out_s`` in all (not a count of attempts, whose cost depends on how the
+    network fails), and say so: once when Redis goes away, once when it is back or given up."""
+
+    def __init__(self, ride_out_s: float) -> None:
+        backoff = ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
+        super().__init__(backoff, retries=-1)
+        self.ride_out_s = ride_out_s
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        start = time.monotonic()  # (exponential backoff with jitter keeps no state to reset)
+        failures = 0
+        while True:
+            try:
+                result = do()
+            except self._supported_errors as error:
+                if is_retryable and not is_retryable(error):
+                    raise
+                failures += 1
+                if failures == 1:
+                    log.warning("event=redis_unreachable error=%r retry_for_s=%.0f",
+                                str(error), self.ride_out_s)  # fmt: skip
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                left_s = start + self.ride_out_s - time.monotonic()
+                if left_s <= 0:
+                    log.error("event=redis_given_up error=%r attempts=%d after_s=%.1f",
+                              str(error), failures, time.monotonic() - start)  # fmt: skip
+                    raise
+                time.sleep(min(self._backoff.compute(failures), left_s))
+                continue
+            if failures:
+                log.warning("event=redis_reachable attempts=%d after_s=%.1f", failures + 1,
+                            time.monotonic() - start)  # fmt: skip
+            return result
 
 
 #: connections one client opens at most. Beyond it a caller waits for a free connection
@@ -42,14 +92,26 @@ MAX_CONNECTIONS = 64
 POOL_WAIT_S = 30.0
 
 
-def connect(url: str, *, text: bool = True, max_connections: int = MAX_CONNECTIONS) -> Redis:
+def connect(
+    url: str,
+    *,
+    text: bool = True,
+    max_connections: int = MAX_CONNECTIONS,
+    ride_out_s: float = RIDE_OUT_S,
+    socket_timeout_s: float = SOCKET_TIMEOUT_S,
+) -> Redis:
     """A client for ``url`` (``redis://`` or ``unix://``); ``text=False`` for rq's bytes.
 
-    Its pool holds at most ``max_connections``; callers beyond that wait (POOL_WAIT_S).
+    Its pool holds at most ``max_connections``; callers beyond that wait (POOL_WAIT_S). A
+    command fails (QueueError through ``guard``) once Redis has been away for ``ride_out_s``.
     """
     errors = [redis.ConnectionError, redis.TimeoutError]
-    options: dict[str, Any] = {"socket_timeout": SOCKET_TIMEOUT_S, "retry": _retry(),
-                               "retry_on_error": errors}  # fmt: skip
+    options: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": min(CONNECT_TIMEOUT_S, socket_timeout_s),
+        "retry": RideOut(ride_out_s),
+        "retry_on_error": errors,
+    }
     if text:
         options.update(decode_responses=True, health_check_interval=30)
     try:
@@ -65,7 +127,8 @@ def guard(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call ``fn``; Redis being away or refusing becomes QueueError with the reason."""
     try:
         return fn(*args, **kwargs)
-    except redis.ConnectionError as exc:
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # a timeout is no ConnectionError in redis-py: it escaped as redis' own error
         raise QueueError(f"cannot reach Redis: {exc}") from exc
     except redis.ResponseError as exc:
         raise QueueError(f"Redis refused the command: {exc}") from exc
