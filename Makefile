@@ -34,6 +34,7 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collected no tests; that is a failure here too, with a reason.

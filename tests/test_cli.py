@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -19,15 +20,16 @@ from tests.conftest import TESTDATA
 
 
 def farm(
-    *args: str, cwd: Path, timeout_s: float = 180, **env: str
+    *args: str, cwd: Path, timeout_s: float = 180, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """`farm ARGS` in ``cwd`` with ``env`` over this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "farm", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env={**os.environ, **env},
+        env={**os.environ, **(env or {})},
         check=False,
     )
 
@@ -203,23 +205,22 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         stderr=subprocess.STDOUT,
     )
     try:
-        proc = farm(
-            "submit", str(scene), "--tiles", "2x1", "--output", "out", "--json", cwd=tmp_path, **env
-        )
+        submitting = ("submit", str(scene), "--tiles", "2x1", "--output", "out", "--json")
+        proc = farm(*submitting, cwd=tmp_path, env=env)
         assert proc.returncode == 0, proc.stderr
         job_id = json.loads(proc.stdout)["id"]
-        watched = farm("watch", job_id, "--json", cwd=tmp_path, **env)
+        watched = farm("watch", job_id, "--json", cwd=tmp_path, env=env)
         assert watched.returncode == 0, watched.stderr
         assert json.loads(watched.stdout)["state"] == "done"
-        status = json.loads(farm("status", job_id, "--json", cwd=tmp_path, **env).stdout)
+        status = json.loads(farm("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
         assert (status["tiles_done"], status["frames_done"]) == (2, 1)
         assert (tmp_path / "out" / "frame_0001.png").is_file()
-        listing = farm("status", cwd=tmp_path, **env)
+        listing = farm("status", cwd=tmp_path, env=env)
         assert job_id in listing.stdout and "done" in listing.stdout
         # a finished job cannot be canceled, and says why
-        late = farm("cancel", job_id, cwd=tmp_path, **env)
+        late = farm("cancel", job_id, cwd=tmp_path, env=env)
         assert late.returncode != 0 and "already ended: done" in late.stderr
-        unknown = farm("status", "no-such-job", cwd=tmp_path, **env)
+        unknown = farm("status", "no-such-job", cwd=tmp_path, env=env)
         assert unknown.returncode == 3 and "no job" in unknown.stderr
     finally:
         worker.terminate()

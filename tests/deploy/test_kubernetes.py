@@ -240,8 +240,8 @@ def test_probes_ask_endpoints_the_services_serve_without_a_token(
     public = {r.path for r in table() if r.method == "GET" and r.public}
     for name in ("web", "farm-metrics"):
         container, settings = _farm(docs, name)
-        for probe in ("readinessProbe", "livenessProbe"):
-            get = container[probe]["httpGet"]
+        for probe_name in ("readinessProbe", "livenessProbe"):
+            get = container[probe_name]["httpGet"]
             assert get["path"] in public and _port(container, get["port"]) == settings.web_port
     # the web really answers it, with no token and whatever else it needs
     path = _farm(docs, "web")[0]["readinessProbe"]["httpGet"]["path"]

@@ -15,7 +15,8 @@ from encoder.testpattern import read_stamp
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.tokens import operator_headers
 
-PATTERN = {"app": "testpattern", "width": 640, "height": 360, "fps": 20}
+PATTERN_FPS = 20
+PATTERN = {"app": "testpattern", "width": 640, "height": 360, "fps": PATTERN_FPS}
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 

@@ -7,6 +7,7 @@ or expired lease freed exactly its amounts and can no longer be renewed or pass 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
@@ -20,6 +21,7 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     rule,
+    run_state_machine_as_test,
 )
 
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
@@ -159,20 +161,21 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 @pytest.fixture(scope="module")
-def machine_server(tmp_path_factory: pytest.TempPathFactory) -> RedisServer:
+def machine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("slots-redis"))
     server.start()
-    yield server  # type: ignore[misc]
+    yield server
     server.stop()
 
 
 def test_allocator_state_machine(machine_server: RedisServer) -> None:
     AllocatorMachine.server = machine_server
-    runner = AllocatorMachine.TestCase()
-    runner.settings = settings(
-        max_examples=60,
-        stateful_step_count=40,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
+    run_state_machine_as_test(
+        AllocatorMachine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
     )
-    runner.runTest()
