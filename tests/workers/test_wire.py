@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,10 @@ def pipe() -> Iterator[tuple[int, int]]:
 
 def test_messages_round_trip_and_a_closed_pipe_ends_the_stream(pipe: tuple[int, int]) -> None:
     r, w = pipe
-    sent = [{"op": "render", "path": "/job/scène.blend", "rect": [0, 0, 16, 9]}, {"op": "quit"}]
+    sent: list[dict[str, Any]] = [
+        {"op": "render", "path": "/job/scène.blend", "rect": [0, 0, 16, 9]},
+        {"op": "quit"},
+    ]
     for message in sent:
         wire.write_message(w, message)
     os.close(w)
