@@ -4,965 +4,963 @@
 //        ?app=<name>&width=&height=&fps=&project=&autostart=1 (start one)
 //        &token=<stream token>  (opened on a stream service itself; the web needs none)
 //        &transport=ws  (the WebSocket + WebCodecs fallback from the start, not after ICE fails)
-"use strict";
+// A module (strict, its names its own): it runs once the page has been parsed.
 
-(() => {
-  const params = new URLSearchParams(location.search);
-  const api = (params.get("api") || "").replace(/\/+$/, "");
-  const token = params.get("token") || "";
-  const auth = token ? { Authorization: "Bearer " + token } : {};
-  const $ = (id) => document.getElementById(id);
-  const video = $("video");
-  const ICE_GATHER_TIMEOUT_MS = 5000;
-  const ICE_CONNECT_TIMEOUT_MS = 10000;
-  const STATS_INTERVAL_MS = 1000;
+const params = new URLSearchParams(location.search);
+const api = (params.get("api") || "").replace(/\/+$/, "");
+const token = params.get("token") || "";
+const auth = token ? { Authorization: "Bearer " + token } : {};
+const $ = (id) => document.getElementById(id);
+const video = $("video");
+const ICE_GATHER_TIMEOUT_MS = 5000;
+const ICE_CONNECT_TIMEOUT_MS = 10000;
+const STATS_INTERVAL_MS = 1000;
 
-  // Everything a test or a curious user may read: window.tessera.stats, .state, ...
-  const tessera = {
-    state: "idle",
-    error: null,
-    sessionId: params.get("session"),
-    viewerId: null,
-    role: null,
-    controlling: false,
-    frameWidth: 0,
-    frameHeight: 0,
-    stats: {
-      fps: 0, bitrate_kbps: 0, rtt_ms: null, ping_ms: null, decode_ms: null,
-      jitter_buffer_ms: null, frames_decoded: 0, frames_dropped: 0, packets_lost: 0,
-      bytes_received: 0, codec: null,
-      // latency overlay: the service's share (capture to send), the browser's (packet in to
-      // frame on screen), and their sum with half the round trip
-      service_ms: null, browser_ms: null, latency_ms: null,
-    },
-    // the text an app of the session last copied (controlling viewer only)
-    clipboard: null,
-    // the display size this viewer last asked for ([width, height] in device pixels)
-    askedSize: null,
-    // the session is being recorded (every viewer is told)
-    recording: false,
-    // gamepad states sent (the controlling viewer's pads, Gamepad API standard mapping)
-    gamepadsSent: 0,
-    // the files of the session's home folder (controlling viewer): [{name, size}]
-    files: null,
-    // the session's sound: its MediaStream once it came (null: the session sends none), and
-    // whether this page plays it (the browser may refuse sound before a click: then muted)
-    audioStream: null,
-    muted: false,
-    setMuted,
-    send,
-    takeControl,
-    leave,
-    paste,
-    askResize,
-    record,
-    listFiles,
-    uploadFile,
-    download,
+// Everything a test or a curious user may read: window.tessera.stats, .state, ...
+const tessera = {
+  state: "idle",
+  error: null,
+  sessionId: params.get("session"),
+  viewerId: null,
+  role: null,
+  controlling: false,
+  frameWidth: 0,
+  frameHeight: 0,
+  stats: {
+    fps: 0, bitrate_kbps: 0, rtt_ms: null, ping_ms: null, decode_ms: null,
+    jitter_buffer_ms: null, frames_decoded: 0, frames_dropped: 0, packets_lost: 0,
+    bytes_received: 0, codec: null,
+    // latency overlay: the service's share (capture to send), the browser's (packet in to
+    // frame on screen), and their sum with half the round trip
+    service_ms: null, browser_ms: null, latency_ms: null,
+  },
+  // the text an app of the session last copied (controlling viewer only)
+  clipboard: null,
+  // the display size this viewer last asked for ([width, height] in device pixels)
+  askedSize: null,
+  // the session is being recorded (every viewer is told)
+  recording: false,
+  // gamepad states sent (the controlling viewer's pads, Gamepad API standard mapping)
+  gamepadsSent: 0,
+  // the files of the session's home folder (controlling viewer): [{name, size}]
+  files: null,
+  // the session's sound: its MediaStream once it came (null: the session sends none), and
+  // whether this page plays it (the browser may refuse sound before a click: then muted)
+  audioStream: null,
+  muted: false,
+  setMuted,
+  send,
+  takeControl,
+  leave,
+  paste,
+  askResize,
+  record,
+  listFiles,
+  uploadFile,
+  download,
+};
+window.tessera = tessera;
+
+let pc = null;
+let channel = null;
+let prevStats = null;
+let statsTimer = null;
+let leaving = false;  // the user left: the connection closing is no failure
+
+// ------------------------------------------------------------------ HTTP
+
+async function call(method, path, body) {
+  const init = { method, headers: { ...auth }, credentials: "same-origin" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(api + path, init);
+  if (resp.status === 204) return null;
+  let data = null;
+  try { data = await resp.json(); } catch (e) { data = null; }
+  if (!resp.ok) {
+    const err = (data && data.error) || {};
+    const e = new Error(err.message || resp.statusText || ("HTTP " + resp.status));
+    e.code = err.code || ("http_" + resp.status);
+    e.status = resp.status;
+    throw e;
+  }
+  return data;
+}
+
+// ------------------------------------------------------------------ state and errors
+
+function setState(state) {
+  tessera.state = state;
+  $("state").textContent = state;
+  $("state").classList.toggle("bad", ["failed", "refused", "closed"].includes(state));
+}
+
+function showError(err) {
+  const code = err.code || "error";
+  tessera.error = { code, message: String(err.message || err) };
+  const text = code === "no_capacity"
+    ? "No room for a new session right now: " + tessera.error.message
+    : tessera.error.message;
+  $("error").textContent = text;
+  $("error").hidden = false;
+}
+
+function clearError() {
+  tessera.error = null;
+  $("error").hidden = true;
+}
+
+function setRole(role) {
+  tessera.role = role;
+  tessera.controlling = role === "player";
+  $("s-role").textContent = tessera.controlling ? "player (in control)" : "spectator";
+  $("control").hidden = tessera.controlling;
+  $("lock").hidden = !tessera.controlling;
+  $("record").hidden = !tessera.controlling;
+  $("files").hidden = !tessera.controlling;
+  if (tessera.controlling) listFiles().catch(() => {});
+  video.classList.toggle("controlling", tessera.controlling);
+  if (!tessera.controlling) releaseAll();
+}
+
+// ------------------------------------------------------------------ starting and joining
+
+async function loadApps() {
+  const form = $("start");
+  form.hidden = false;
+  try {
+    const { apps } = await call("GET", "/api/streams/apps");
+    const select = $("app");
+    select.replaceChildren();
+    for (const app of apps) {
+      const opt = document.createElement("option");
+      opt.value = app.name;
+      opt.textContent = app.title || app.name;
+      opt.dataset.width = app.width;
+      opt.dataset.height = app.height;
+      opt.dataset.fps = app.fps;
+      select.append(opt);
+    }
+    const wanted = params.get("app");
+    if (wanted) select.value = wanted;
+    select.onchange = () => {
+      const opt = select.selectedOptions[0];
+      if (!opt) return;
+      $("width").value = opt.dataset.width;
+      $("height").value = opt.dataset.height;
+      $("fps").value = opt.dataset.fps;
+    };
+    if (!params.get("width")) select.onchange();
+  } catch (err) {
+    showError(err);
+  }
+  for (const key of ["width", "height", "fps"]) {
+    if (params.get(key)) $(key).value = params.get(key);
+  }
+}
+
+async function startSession(event) {
+  if (event) event.preventDefault();
+  clearError();
+  setState("starting");
+  const body = {
+    app: $("app").value || params.get("app"),
+    width: Number($("width").value),
+    height: Number($("height").value),
+    fps: Number($("fps").value),
   };
-  window.tessera = tessera;
-
-  let pc = null;
-  let channel = null;
-  let prevStats = null;
-  let statsTimer = null;
-  let leaving = false;  // the user left: the connection closing is no failure
-
-  // ------------------------------------------------------------------ HTTP
-
-  async function call(method, path, body) {
-    const init = { method, headers: { ...auth }, credentials: "same-origin" };
-    if (body !== undefined) {
-      init.headers["Content-Type"] = "application/json";
-      init.body = JSON.stringify(body);
-    }
-    const resp = await fetch(api + path, init);
-    if (resp.status === 204) return null;
-    let data = null;
-    try { data = await resp.json(); } catch (e) { data = null; }
-    if (!resp.ok) {
-      const err = (data && data.error) || {};
-      const e = new Error(err.message || resp.statusText || ("HTTP " + resp.status));
-      e.code = err.code || ("http_" + resp.status);
-      e.status = resp.status;
-      throw e;
-    }
-    return data;
+  if (params.get("project")) body.project = params.get("project");  // the web checks it
+  try {
+    const session = await call("POST", "/api/streams/sessions", body);
+    tessera.sessionId = session.session_id;
+    const url = new URL(location.href);
+    for (const key of ["app", "width", "height", "fps", "autostart"]) url.searchParams.delete(key);
+    url.searchParams.set("session", session.session_id);
+    history.replaceState(null, "", url);
+    $("start").hidden = true;
+    await join(session.session_id, params.get("role") || "player");
+  } catch (err) {
+    setState(err.code === "no_capacity" ? "refused" : "failed");
+    showError(err);
   }
+}
 
-  // ------------------------------------------------------------------ state and errors
-
-  function setState(state) {
-    tessera.state = state;
-    $("state").textContent = state;
-    $("state").classList.toggle("bad", ["failed", "refused", "closed"].includes(state));
+async function iceServers() {
+  try {
+    const { iceServers } = await call("GET", "/api/streams/ice");
+    return iceServers || [];
+  } catch (err) {
+    return [];
   }
+}
 
-  function showError(err) {
-    const code = err.code || "error";
-    tessera.error = { code, message: String(err.message || err) };
-    const text = code === "no_capacity"
-      ? "No room for a new session right now: " + tessera.error.message
-      : tessera.error.message;
-    $("error").textContent = text;
-    $("error").hidden = false;
-  }
-
-  function clearError() {
-    tessera.error = null;
-    $("error").hidden = true;
-  }
-
-  function setRole(role) {
-    tessera.role = role;
-    tessera.controlling = role === "player";
-    $("s-role").textContent = tessera.controlling ? "player (in control)" : "spectator";
-    $("control").hidden = tessera.controlling;
-    $("lock").hidden = !tessera.controlling;
-    $("record").hidden = !tessera.controlling;
-    $("files").hidden = !tessera.controlling;
-    if (tessera.controlling) listFiles().catch(() => {});
-    video.classList.toggle("controlling", tessera.controlling);
-    if (!tessera.controlling) releaseAll();
-  }
-
-  // ------------------------------------------------------------------ starting and joining
-
-  async function loadApps() {
-    const form = $("start");
-    form.hidden = false;
-    try {
-      const { apps } = await call("GET", "/api/streams/apps");
-      const select = $("app");
-      select.replaceChildren();
-      for (const app of apps) {
-        const opt = document.createElement("option");
-        opt.value = app.name;
-        opt.textContent = app.title || app.name;
-        opt.dataset.width = app.width;
-        opt.dataset.height = app.height;
-        opt.dataset.fps = app.fps;
-        select.append(opt);
-      }
-      const wanted = params.get("app");
-      if (wanted) select.value = wanted;
-      select.onchange = () => {
-        const opt = select.selectedOptions[0];
-        if (!opt) return;
-        $("width").value = opt.dataset.width;
-        $("height").value = opt.dataset.height;
-        $("fps").value = opt.dataset.fps;
-      };
-      if (!params.get("width")) select.onchange();
-    } catch (err) {
-      showError(err);
-    }
-    for (const key of ["width", "height", "fps"]) {
-      if (params.get(key)) $(key).value = params.get(key);
-    }
-  }
-
-  async function startSession(event) {
-    if (event) event.preventDefault();
-    clearError();
-    setState("starting");
-    const body = {
-      app: $("app").value || params.get("app"),
-      width: Number($("width").value),
-      height: Number($("height").value),
-      fps: Number($("fps").value),
-    };
-    if (params.get("project")) body.project = params.get("project");  // the web checks it
-    try {
-      const session = await call("POST", "/api/streams/sessions", body);
-      tessera.sessionId = session.session_id;
-      const url = new URL(location.href);
-      for (const key of ["app", "width", "height", "fps", "autostart"]) url.searchParams.delete(key);
-      url.searchParams.set("session", session.session_id);
-      history.replaceState(null, "", url);
-      $("start").hidden = true;
-      await join(session.session_id, params.get("role") || "player");
-    } catch (err) {
-      setState(err.code === "no_capacity" ? "refused" : "failed");
-      showError(err);
-    }
-  }
-
-  async function iceServers() {
-    try {
-      const { iceServers } = await call("GET", "/api/streams/ice");
-      return iceServers || [];
-    } catch (err) {
-      return [];
-    }
-  }
-
-  function gatheringComplete(peer) {
-    if (peer.iceGatheringState === "complete") return Promise.resolve();
-    return new Promise((resolve) => {
-      const timer = setTimeout(resolve, ICE_GATHER_TIMEOUT_MS); // send what we have
-      peer.addEventListener("icegatheringstatechange", () => {
-        if (peer.iceGatheringState === "complete") { clearTimeout(timer); resolve(); }
-      });
+function gatheringComplete(peer) {
+  if (peer.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ICE_GATHER_TIMEOUT_MS); // send what we have
+    peer.addEventListener("icegatheringstatechange", () => {
+      if (peer.iceGatheringState === "complete") { clearTimeout(timer); resolve(); }
     });
-  }
+  });
+}
 
-  async function join(sid, role) {
-    if (params.get("transport") === "ws" || !window.RTCPeerConnection) return joinWs(sid, role);
-    tessera.transport = "webrtc";
-    setState("connecting");
-    clearError();
-    pc = new RTCPeerConnection({ iceServers: await iceServers() });
-    const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
-    lowDelay(transceiver.receiver);
-    preferH264(transceiver);
-    pc.addTransceiver("audio", { direction: "recvonly" }); // sessions of apps with sound fill it
-    channel = pc.createDataChannel("input", { ordered: true });
-    channel.onmessage = onMessage;
-    channel.onclose = () => {
-      if (leaving || tessera.state !== "playing") return;
-      setState("closed");
-      showError({ code: "ended", message: "The session ended." });
-    };
-
-    pc.ontrack = (event) => {
-      lowDelay(event.receiver);
-      if (event.track.kind === "audio") return playAudio(event.track);
-      video.srcObject = event.streams[0] || new MediaStream([event.track]);
-      video.play().catch(() => { /* autoplay of muted video is allowed; a user click plays */ });
-    };
-    pc.onconnectionstatechange = () => {
-      if (leaving) return;
-      const cs = pc.connectionState;
-      if (cs === "failed" && fallBack(sid, role)) {
-        return;
-      } else if (cs === "failed") {
-        setState("failed");
-        showError({ code: "connection_failed", message: "The connection to the stream failed." });
-      } else if (cs === "disconnected") {
-        setState("reconnecting");  // ICE may come back by itself
-      } else if (cs === "connected" && tessera.state === "reconnecting") {
-        setState("playing");
-      } else if (cs === "closed") {
-        setState("closed");
-      }
-    };
-
-    try {
-      await pc.setLocalDescription(await pc.createOffer());
-      await gatheringComplete(pc);
-      const answer = await call("POST", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers`, {
-        type: "offer", sdp: pc.localDescription.sdp, role,
-      });
-      tessera.viewerId = answer.viewer_id;
-      setRole(answer.role);
-      await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
-      // ICE that never gets through (UDP blocked, no TURN) does not always say "failed"
-      const tried = pc;
-      setTimeout(() => {
-        if (pc === tried && !["connected", "closed"].includes(tried.connectionState)) fallBack(sid, role);
-      }, ICE_CONNECT_TIMEOUT_MS);
-    } catch (err) {
-      setState(err.code === "no_capacity" ? "refused" : "failed");
-      showError(err);
-      pc.close();
-      return;
-    }
-    $("leave").hidden = false;
-    $("end").hidden = false;
-    statsTimer = setInterval(updateStats, STATS_INTERVAL_MS);
-  }
-
-  // The service sends H.264: put it first in the offer (the rest stay, for other servers)
-  function preferH264(transceiver) {
-    if (!transceiver.setCodecPreferences || !RTCRtpReceiver.getCapabilities) return;
-    const codecs = RTCRtpReceiver.getCapabilities("video").codecs;
-    const h264 = codecs.filter((c) => c.mimeType === "video/H264");
-    if (h264.length) {
-      transceiver.setCodecPreferences([...h264, ...codecs.filter((c) => c.mimeType !== "video/H264")]);
-    }
-  }
-
-  // Ask the browser to play frames as soon as they decode: no playout delay, no jitter target.
-  function lowDelay(receiver) {
-    if (!receiver) return;
-    try { receiver.playoutDelayHint = 0; } catch (e) { /* not supported */ }
-    try { receiver.jitterBufferTarget = 0; } catch (e) { /* not supported */ }
-  }
-
-  async function takeControl() {
-    if (!tessera.sessionId || !tessera.viewerId) return;
-    try {
-      await call("POST", `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/control`,
-        { viewer_id: tessera.viewerId });
-      setRole("player");
-      clearError();
-    } catch (err) {
-      showError(err);
-    }
-  }
-
-  // ------------------------------------------------------------------ sound
-  function playAudio(track) {
-    const audio = $("audio");
-    tessera.audioStream = new MediaStream([track]);
-    audio.srcObject = tessera.audioStream;
-    $("sound").hidden = false;
-    setMuted(tessera.muted);
-  }
-
-  function setMuted(muted) {
-    const audio = $("audio");
-    tessera.muted = muted;
-    audio.muted = muted;
-    $("sound").textContent = muted ? "Sound off" : "Sound on";
-    $("sound").setAttribute("aria-pressed", String(!muted));
-    if (!muted && audio.srcObject) {
-      // without a click first the browser may refuse to play sound: show it as muted
-      audio.play().catch(() => setMuted(true));
-    }
-  }
-
-  async function leave(endSession) {
-    leaving = true;
-    setState(endSession ? "ending" : "leaving");
-    clearInterval(statsTimer);
-    releaseAll();
-    const sid = encodeURIComponent(tessera.sessionId || "");
-    try {
-      if (endSession) await call("DELETE", `/api/streams/sessions/${sid}`);
-      else if (tessera.viewerId) {
-        await call("DELETE", `/api/streams/sessions/${sid}/viewers/${encodeURIComponent(tessera.viewerId)}`);
-      }
-    } catch (err) {
-      showError(err);
-    }
-    if (pc) pc.close();
-    if (ws) ws.close();
-    tessera.viewerId = null;
+async function join(sid, role) {
+  if (params.get("transport") === "ws" || !window.RTCPeerConnection) return joinWs(sid, role);
+  tessera.transport = "webrtc";
+  setState("connecting");
+  clearError();
+  pc = new RTCPeerConnection({ iceServers: await iceServers() });
+  const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
+  lowDelay(transceiver.receiver);
+  preferH264(transceiver);
+  pc.addTransceiver("audio", { direction: "recvonly" }); // sessions of apps with sound fill it
+  channel = pc.createDataChannel("input", { ordered: true });
+  channel.onmessage = onMessage;
+  channel.onclose = () => {
+    if (leaving || tessera.state !== "playing") return;
     setState("closed");
-    $("leave").hidden = $("end").hidden = $("control").hidden = $("lock").hidden = true;
-  }
+    showError({ code: "ended", message: "The session ended." });
+  };
 
-  // ------------------------------------------------------------------ WebSocket fallback
-  // The same session over one WebSocket: binary messages are H.264 access units (a 10-byte
-  // header: version, flags (1 = keyframe), capture time in microseconds), decoded with
-  // WebCodecs into the same <video>; text messages are the data channel's JSON, both ways.
-
-  let ws = null;
-  let fellBack = false;
-
-  // ICE failed before anything played: leave that viewer and join again over the WebSocket
-  function fallBack(sid, role) {
-    if (fellBack || leaving || tessera.state === "playing" || !window.VideoDecoder) return false;
-    fellBack = true;
-    const old = pc, oldViewer = tessera.viewerId;
-    pc = null;
-    clearInterval(statsTimer);
-    if (old) old.close();
-    tessera.viewerId = null;
-    // that viewer leaves first: it holds control, which the new one is to have
-    const left = oldViewer
-      ? call("DELETE", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers/${encodeURIComponent(oldViewer)}`)
-      : Promise.resolve();
-    left.catch(() => {}).then(() => joinWs(sid, role));
-    return true;
-  }
-
-  function wsUrl(sid, role) {
-    const url = new URL(api + `/api/streams/sessions/${encodeURIComponent(sid)}/ws`, location.href);
-    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-    url.searchParams.set("role", role);
-    if (token) url.searchParams.set("token", token);
-    return url;
-  }
-
-  // "avc1.PPCCLL" from the SPS of an Annex B access unit, or null
-  function avcCodec(bytes) {
-    for (let i = 0; i + 7 < bytes.length; i++) {
-      if (bytes[i] === 0 && bytes[i + 1] === 0 && bytes[i + 2] === 1 && (bytes[i + 3] & 0x1f) === 7) {
-        const hex = (b) => b.toString(16).padStart(2, "0");
-        return "avc1." + hex(bytes[i + 4]) + hex(bytes[i + 5]) + hex(bytes[i + 6]);
-      }
+  pc.ontrack = (event) => {
+    lowDelay(event.receiver);
+    if (event.track.kind === "audio") return playAudio(event.track);
+    video.srcObject = event.streams[0] || new MediaStream([event.track]);
+    video.play().catch(() => { /* autoplay of muted video is allowed; a user click plays */ });
+  };
+  pc.onconnectionstatechange = () => {
+    if (leaving) return;
+    const cs = pc.connectionState;
+    if (cs === "failed" && fallBack(sid, role)) {
+      return;
+    } else if (cs === "failed") {
+      setState("failed");
+      showError({ code: "connection_failed", message: "The connection to the stream failed." });
+    } else if (cs === "disconnected") {
+      setState("reconnecting");  // ICE may come back by itself
+    } else if (cs === "connected" && tessera.state === "reconnecting") {
+      setState("playing");
+    } else if (cs === "closed") {
+      setState("closed");
     }
-    return null;
-  }
+  };
 
-  function videoSink() {
-    if (window.MediaStreamTrackGenerator) {
-      const generator = new MediaStreamTrackGenerator({ kind: "video" });
-      const writer = generator.writable.getWriter();
-      video.srcObject = new MediaStream([generator]);
-      video.play().catch(() => {});
-      return (frame) => {
-        if (writer.desiredSize !== null && writer.desiredSize <= 0) { frame.close(); return; }
-        writer.write(frame).catch(() => {});  // the writer closes the frame
-      };
+  try {
+    await pc.setLocalDescription(await pc.createOffer());
+    await gatheringComplete(pc);
+    const answer = await call("POST", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers`, {
+      type: "offer", sdp: pc.localDescription.sdp, role,
+    });
+    tessera.viewerId = answer.viewer_id;
+    setRole(answer.role);
+    await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+    // ICE that never gets through (UDP blocked, no TURN) does not always say "failed"
+    const tried = pc;
+    setTimeout(() => {
+      if (pc === tried && !["connected", "closed"].includes(tried.connectionState)) fallBack(sid, role);
+    }, ICE_CONNECT_TIMEOUT_MS);
+  } catch (err) {
+    setState(err.code === "no_capacity" ? "refused" : "failed");
+    showError(err);
+    pc.close();
+    return;
+  }
+  $("leave").hidden = false;
+  $("end").hidden = false;
+  statsTimer = setInterval(updateStats, STATS_INTERVAL_MS);
+}
+
+// The service sends H.264: put it first in the offer (the rest stay, for other servers)
+function preferH264(transceiver) {
+  if (!transceiver.setCodecPreferences || !RTCRtpReceiver.getCapabilities) return;
+  const codecs = RTCRtpReceiver.getCapabilities("video").codecs;
+  const h264 = codecs.filter((c) => c.mimeType === "video/H264");
+  if (h264.length) {
+    transceiver.setCodecPreferences([...h264, ...codecs.filter((c) => c.mimeType !== "video/H264")]);
+  }
+}
+
+// Ask the browser to play frames as soon as they decode: no playout delay, no jitter target.
+function lowDelay(receiver) {
+  if (!receiver) return;
+  try { receiver.playoutDelayHint = 0; } catch (e) { /* not supported */ }
+  try { receiver.jitterBufferTarget = 0; } catch (e) { /* not supported */ }
+}
+
+async function takeControl() {
+  if (!tessera.sessionId || !tessera.viewerId) return;
+  try {
+    await call("POST", `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/control`,
+      { viewer_id: tessera.viewerId });
+    setRole("player");
+    clearError();
+  } catch (err) {
+    showError(err);
+  }
+}
+
+// ------------------------------------------------------------------ sound
+function playAudio(track) {
+  const audio = $("audio");
+  tessera.audioStream = new MediaStream([track]);
+  audio.srcObject = tessera.audioStream;
+  $("sound").hidden = false;
+  setMuted(tessera.muted);
+}
+
+function setMuted(muted) {
+  const audio = $("audio");
+  tessera.muted = muted;
+  audio.muted = muted;
+  $("sound").textContent = muted ? "Sound off" : "Sound on";
+  $("sound").setAttribute("aria-pressed", String(!muted));
+  if (!muted && audio.srcObject) {
+    // without a click first the browser may refuse to play sound: show it as muted
+    audio.play().catch(() => setMuted(true));
+  }
+}
+
+async function leave(endSession) {
+  leaving = true;
+  setState(endSession ? "ending" : "leaving");
+  clearInterval(statsTimer);
+  releaseAll();
+  const sid = encodeURIComponent(tessera.sessionId || "");
+  try {
+    if (endSession) await call("DELETE", `/api/streams/sessions/${sid}`);
+    else if (tessera.viewerId) {
+      await call("DELETE", `/api/streams/sessions/${sid}/viewers/${encodeURIComponent(tessera.viewerId)}`);
     }
-    const canvas = document.createElement("canvas");
-    const ctx = canvas.getContext("2d");
-    video.srcObject = canvas.captureStream();
+  } catch (err) {
+    showError(err);
+  }
+  if (pc) pc.close();
+  if (ws) ws.close();
+  tessera.viewerId = null;
+  setState("closed");
+  $("leave").hidden = $("end").hidden = $("control").hidden = $("lock").hidden = true;
+}
+
+// ------------------------------------------------------------------ WebSocket fallback
+// The same session over one WebSocket: binary messages are H.264 access units (a 10-byte
+// header: version, flags (1 = keyframe), capture time in microseconds), decoded with
+// WebCodecs into the same <video>; text messages are the data channel's JSON, both ways.
+
+let ws = null;
+let fellBack = false;
+
+// ICE failed before anything played: leave that viewer and join again over the WebSocket
+function fallBack(sid, role) {
+  if (fellBack || leaving || tessera.state === "playing" || !window.VideoDecoder) return false;
+  fellBack = true;
+  const old = pc, oldViewer = tessera.viewerId;
+  pc = null;
+  clearInterval(statsTimer);
+  if (old) old.close();
+  tessera.viewerId = null;
+  // that viewer leaves first: it holds control, which the new one is to have
+  const left = oldViewer
+    ? call("DELETE", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers/${encodeURIComponent(oldViewer)}`)
+    : Promise.resolve();
+  left.catch(() => {}).then(() => joinWs(sid, role));
+  return true;
+}
+
+function wsUrl(sid, role) {
+  const url = new URL(api + `/api/streams/sessions/${encodeURIComponent(sid)}/ws`, location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  url.searchParams.set("role", role);
+  if (token) url.searchParams.set("token", token);
+  return url;
+}
+
+// "avc1.PPCCLL" from the SPS of an Annex B access unit, or null
+function avcCodec(bytes) {
+  for (let i = 0; i + 7 < bytes.length; i++) {
+    if (bytes[i] === 0 && bytes[i + 1] === 0 && bytes[i + 2] === 1 && (bytes[i + 3] & 0x1f) === 7) {
+      const hex = (b) => b.toString(16).padStart(2, "0");
+      return "avc1." + hex(bytes[i + 4]) + hex(bytes[i + 5]) + hex(bytes[i + 6]);
+    }
+  }
+  return null;
+}
+
+function videoSink() {
+  if (window.MediaStreamTrackGenerator) {
+    const generator = new MediaStreamTrackGenerator({ kind: "video" });
+    const writer = generator.writable.getWriter();
+    video.srcObject = new MediaStream([generator]);
     video.play().catch(() => {});
     return (frame) => {
-      if (canvas.width !== frame.displayWidth) canvas.width = frame.displayWidth;
-      if (canvas.height !== frame.displayHeight) canvas.height = frame.displayHeight;
-      ctx.drawImage(frame, 0, 0);
-      frame.close();
+      if (writer.desiredSize !== null && writer.desiredSize <= 0) { frame.close(); return; }
+      writer.write(frame).catch(() => {});  // the writer closes the frame
     };
   }
+  const canvas = document.createElement("canvas");
+  const ctx = canvas.getContext("2d");
+  video.srcObject = canvas.captureStream();
+  video.play().catch(() => {});
+  return (frame) => {
+    if (canvas.width !== frame.displayWidth) canvas.width = frame.displayWidth;
+    if (canvas.height !== frame.displayHeight) canvas.height = frame.displayHeight;
+    ctx.drawImage(frame, 0, 0);
+    frame.close();
+  };
+}
 
-  async function joinWs(sid, role) {
-    tessera.transport = "websocket";
-    setState("connecting");
-    clearError();
-    if (!window.VideoDecoder) {
-      setState("failed");
-      showError({ code: "unsupported", message: "This browser has no WebCodecs for the WebSocket fallback." });
+async function joinWs(sid, role) {
+  tessera.transport = "websocket";
+  setState("connecting");
+  clearError();
+  if (!window.VideoDecoder) {
+    setState("failed");
+    showError({ code: "unsupported", message: "This browser has no WebCodecs for the WebSocket fallback." });
+    return;
+  }
+  const sink = videoSink();
+  const st = tessera.stats;
+  const decodeStarted = new Map();
+  let decoder = null, configured = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
+  let last = { at: performance.now(), frames: 0, bytes: 0 };
+  st.codec = "video/H264 (WebSocket)";
+
+  function newDecoder() {
+    decoder = new VideoDecoder({
+      output: (frame) => {
+        const began = decodeStarted.get(frame.timestamp);
+        decodeStarted.delete(frame.timestamp);
+        if (began !== undefined) decodeSum += performance.now() - began;
+        frames++;
+        st.frames_decoded++;
+        tessera.frameWidth = frame.displayWidth;
+        tessera.frameHeight = frame.displayHeight;
+        if (tessera.state === "connecting") setState("playing");
+        sink(frame);
+      },
+      error: () => { configured = null; behind(); },
+    });
+  }
+
+  // decoding fell behind (or failed): drop to a keyframe, asked for now
+  function behind() {
+    if (waitKey) return;
+    waitKey = true;
+    send({ t: "keyframe" });
+  }
+
+  function onVideo(buf) {
+    const view = new DataView(buf);
+    if (buf.byteLength < 10 || view.getUint8(0) !== 1) return;
+    const key = (view.getUint8(1) & 1) === 1;
+    const at = Number(view.getBigUint64(2));
+    const data = new Uint8Array(buf, 10);
+    bytes += buf.byteLength;
+    st.bytes_received += buf.byteLength;
+    if (key) {
+      const codec = avcCodec(data);
+      if (!decoder || decoder.state === "closed") { newDecoder(); configured = null; }
+      if (codec && codec !== configured) {
+        decoder.configure({ codec, optimizeForLatency: true, hardwareAcceleration: "no-preference" });
+        configured = codec;
+      }
+      waitKey = false;
+    }
+    if (waitKey || !configured) { st.frames_dropped++; return; }
+    if (!key && decoder.decodeQueueSize > 2) {
+      st.frames_dropped++;
+      behind();
       return;
     }
-    const sink = videoSink();
-    const st = tessera.stats;
-    const decodeStarted = new Map();
-    let decoder = null, configured = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
-    let last = { at: performance.now(), frames: 0, bytes: 0 };
-    st.codec = "video/H264 (WebSocket)";
-
-    function newDecoder() {
-      decoder = new VideoDecoder({
-        output: (frame) => {
-          const began = decodeStarted.get(frame.timestamp);
-          decodeStarted.delete(frame.timestamp);
-          if (began !== undefined) decodeSum += performance.now() - began;
-          frames++;
-          st.frames_decoded++;
-          tessera.frameWidth = frame.displayWidth;
-          tessera.frameHeight = frame.displayHeight;
-          if (tessera.state === "connecting") setState("playing");
-          sink(frame);
-        },
-        error: () => { configured = null; behind(); },
-      });
-    }
-
-    // decoding fell behind (or failed): drop to a keyframe, asked for now
-    function behind() {
-      if (waitKey) return;
-      waitKey = true;
-      send({ t: "keyframe" });
-    }
-
-    function onVideo(buf) {
-      const view = new DataView(buf);
-      if (buf.byteLength < 10 || view.getUint8(0) !== 1) return;
-      const key = (view.getUint8(1) & 1) === 1;
-      const at = Number(view.getBigUint64(2));
-      const data = new Uint8Array(buf, 10);
-      bytes += buf.byteLength;
-      st.bytes_received += buf.byteLength;
-      if (key) {
-        const codec = avcCodec(data);
-        if (!decoder || decoder.state === "closed") { newDecoder(); configured = null; }
-        if (codec && codec !== configured) {
-          decoder.configure({ codec, optimizeForLatency: true, hardwareAcceleration: "no-preference" });
-          configured = codec;
-        }
-        waitKey = false;
-      }
-      if (waitKey || !configured) { st.frames_dropped++; return; }
-      if (!key && decoder.decodeQueueSize > 2) {
-        st.frames_dropped++;
-        behind();
-        return;
-      }
-      decodeStarted.set(at, performance.now());
-      decoder.decode(new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }));
-    }
-
-    function wsStats() {
-      send({ t: "ping", ts: performance.now() });
-      const now = performance.now(), dt = (now - last.at) / 1000;
-      if (dt > 0) {
-        st.fps = round((frames - last.frames) / dt, 1);
-        st.bitrate_kbps = round(8 * (bytes - last.bytes) / dt / 1000, 0);
-        if (frames > last.frames) st.decode_ms = round(decodeSum / (frames - last.frames), 2);
-      }
-      decodeSum = 0;
-      last = { at: now, frames, bytes };
-      if (decodeStarted.size > 100) decodeStarted.clear();
-      render();
-    }
-
-    ws = new WebSocket(wsUrl(sid, role));
-    ws.binaryType = "arraybuffer";
-    const socket = ws;
-    channel = {
-      get readyState() { return socket.readyState === WebSocket.OPEN ? "open" : "closed"; },
-      send: (text) => socket.send(text),
-    };
-    socket.onmessage = (event) => {
-      if (typeof event.data !== "string") { onVideo(event.data); return; }
-      let msg;
-      try { msg = JSON.parse(event.data); } catch (e) { return; }
-      if (msg.t === "hello") {
-        tessera.viewerId = msg.viewer_id;
-        setRole(msg.controlling ? "player" : "spectator");
-        $("leave").hidden = false;
-        $("end").hidden = false;
-        statsTimer = setInterval(wsStats, STATS_INTERVAL_MS);
-      } else if (msg.t === "error") {
-        showError(msg);
-      } else {
-        onMessage(event);
-        if (msg.t === "pong") render();
-      }
-    };
-    socket.onclose = () => {
-      clearInterval(statsTimer);
-      if (decoder && decoder.state !== "closed") decoder.close();
-      if (leaving) return;
-      if (tessera.state === "playing") showError({ code: "ended", message: "The session ended." });
-      else if (!tessera.error) showError({ code: "connection_failed", message: "The WebSocket to the stream closed." });
-      setState(tessera.state === "playing" ? "closed" : "failed");
-    };
+    decodeStarted.set(at, performance.now());
+    decoder.decode(new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }));
   }
 
-  // ------------------------------------------------------------------ data channel
-
-  function send(message) {
-    if (channel && channel.readyState === "open") {
-      channel.send(JSON.stringify(message));
-      return true;
+  function wsStats() {
+    send({ t: "ping", ts: performance.now() });
+    const now = performance.now(), dt = (now - last.at) / 1000;
+    if (dt > 0) {
+      st.fps = round((frames - last.frames) / dt, 1);
+      st.bitrate_kbps = round(8 * (bytes - last.bytes) / dt / 1000, 0);
+      if (frames > last.frames) st.decode_ms = round(decodeSum / (frames - last.frames), 2);
     }
-    return false;
+    decodeSum = 0;
+    last = { at: now, frames, bytes };
+    if (decodeStarted.size > 100) decodeStarted.clear();
+    render();
   }
 
-  function onMessage(event) {
+  ws = new WebSocket(wsUrl(sid, role));
+  ws.binaryType = "arraybuffer";
+  const socket = ws;
+  channel = {
+    get readyState() { return socket.readyState === WebSocket.OPEN ? "open" : "closed"; },
+    send: (text) => socket.send(text),
+  };
+  socket.onmessage = (event) => {
+    if (typeof event.data !== "string") { onVideo(event.data); return; }
     let msg;
     try { msg = JSON.parse(event.data); } catch (e) { return; }
-    if (msg.t === "pong") {
-      tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
-      if (typeof msg.rec === "boolean") setRecording(msg.rec);
-      if (typeof msg.service_ms === "number") tessera.stats.service_ms = msg.service_ms;
-    } else if (msg.t === "denied") {
-      if (tessera.controlling) setRole("spectator");
-    } else if (msg.t === "control" || msg.t === "role") {
-      setRole(msg.controlling || msg.role === "player" ? "player" : "spectator");
-    } else if (msg.t === "recording") {
-      setRecording(msg.on === true);
-    } else if (msg.t === "clip" && typeof msg.text === "string") {
-      copied(msg.text);
-    }
-  }
-
-  // ------------------------------------------------------------------ clipboard
-
-  // An app copied: the text goes to the local clipboard where the browser lets us write it
-  function copied(text) {
-    tessera.clipboard = text;
-    if (navigator.clipboard && document.hasFocus()) {
-      navigator.clipboard.writeText(text).catch(() => {});
-    }
-  }
-
-  // Text for the session's apps to paste (what the user pasted into the page)
-  function paste(text) {
-    return inputAllowed() && send({ t: "clip", text: String(text) });
-  }
-
-  // ------------------------------------------------------------------ gamepads
-
-  // The controlling viewer's pads are read every frame while any is connected; a pad's state
-  // goes out when it changes (buttons 0..1, axes -1..1, standard mapping)
-  const PAD_POLL_MS = 16;
-  const lastPad = new Map();
-  let padTimer = null;
-
-  function pollPads() {
-    const pads = navigator.getGamepads ? Array.from(navigator.getGamepads()) : [];
-    if (!pads.some((pad) => pad)) {
-      clearInterval(padTimer);
-      padTimer = null;
-      return;
-    }
-    if (!inputAllowed()) return;
-    for (const pad of pads) {
-      if (!pad || pad.index > 3) continue;
-      const message = {
-        t: "gp",
-        i: pad.index,
-        b: Array.from(pad.buttons, (button) => round(button.value, 3)),
-        a: Array.from(pad.axes, (axis) => round(axis, 3)),
-      };
-      const text = JSON.stringify(message);
-      if (lastPad.get(pad.index) !== text && send(message)) {
-        lastPad.set(pad.index, text);
-        tessera.gamepadsSent += 1;
-      }
-    }
-  }
-
-  window.addEventListener("gamepadconnected", () => {
-    if (padTimer === null) padTimer = setInterval(pollPads, PAD_POLL_MS);
-  });
-
-  // ------------------------------------------------------------------ files
-
-  // The session's home folder, for its controlling viewer: upload into it, download from it
-  function filesPath(name) {
-    const base = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/files`;
-    return name === undefined ? base : `${base}/${encodeURIComponent(name)}`;
-  }
-
-  async function listFiles() {
-    const data = await call("GET", filesPath());
-    tessera.files = data.files;
-    const list = $("file-list");
-    list.replaceChildren(...data.files.map((file) => {
-      const item = document.createElement("li");
-      const button = document.createElement("button");
-      button.type = "button";
-      button.textContent = file.name;
-      button.title = `Download ${file.name} (${file.size} bytes)`;
-      button.addEventListener("click", () => saveFile(file.name).catch(showError));
-      item.append(button);
-      return item;
-    }));
-    return data.files;
-  }
-
-  async function uploadFile(file) {
-    const resp = await fetch(api + filesPath(file.name), {
-      method: "PUT", headers: { ...auth }, credentials: "same-origin", body: file,
-    });
-    if (!resp.ok) {
-      let err = {};
-      try { err = (await resp.json()).error || {}; } catch (e) { /* not JSON */ }
-      throw new Error(err.message || `upload failed: HTTP ${resp.status}`);
-    }
-    return listFiles();
-  }
-
-  async function download(name) {
-    const resp = await fetch(api + filesPath(name), { headers: { ...auth }, credentials: "same-origin" });
-    if (!resp.ok) throw new Error(`download of ${name} failed: HTTP ${resp.status}`);
-    return resp.blob();
-  }
-
-  async function saveFile(name) {
-    const link = document.createElement("a");
-    link.href = URL.createObjectURL(await download(name));
-    link.download = name;
-    link.click();
-    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
-  }
-
-  $("upload").addEventListener("change", (event) => {
-    for (const file of event.target.files) uploadFile(file).catch(showError);
-    event.target.value = "";
-  });
-
-  // ------------------------------------------------------------------ recording
-
-  // Recording is announced on every viewer's picture; the controlling viewer starts and stops it
-  function setRecording(on) {
-    tessera.recording = on;
-    $("rec").hidden = !on;
-    $("record").textContent = on ? "Stop recording" : "Record";
-    $("record").setAttribute("aria-pressed", String(on));
-  }
-
-  function record(on) {
-    return inputAllowed() && send({ t: "record", on: Boolean(on) });
-  }
-
-  // ------------------------------------------------------------------ resize
-
-  // The session's display follows the controlling viewer's picture area, in device pixels,
-  // asked for once the window stops changing (the service keeps it within its limit)
-  const RESIZE_SETTLE_MS = 250;
-  let resizeTimer = null;
-
-  function askResize() {
-    if (!inputAllowed()) return false;
-    const stage = $("stage");
-    const scale = window.devicePixelRatio || 1;
-    const w = Math.max(64, Math.floor((stage.clientWidth * scale) / 2) * 2);
-    const h = Math.max(64, Math.floor((stage.clientHeight * scale) / 2) * 2);
-    tessera.askedSize = [w, h];
-    return send({ t: "resize", w, h });
-  }
-
-  window.addEventListener("resize", () => {
-    clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(askResize, RESIZE_SETTLE_MS);
-  });
-
-  window.addEventListener("paste", (event) => {
-    if (!inputAllowed() || typingInForm(event) || !event.clipboardData) return;
-    const text = event.clipboardData.getData("text/plain");
-    if (text) paste(text);
-  });
-
-  // ------------------------------------------------------------------ input
-
-  const pressed = new Set();
-  const pointer = { x: 0, y: 0 };
-  let pendingMove = false;
-
-  function inputAllowed() {
-    return tessera.controlling && channel && channel.readyState === "open";
-  }
-
-  function typingInForm(event) {
-    const tag = event.target && event.target.tagName;
-    return tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA";
-  }
-
-  // Where a point of the page falls in the video's own pixels (object-fit: contain letterboxes)
-  function videoPixel(clientX, clientY) {
-    const rect = video.getBoundingClientRect();
-    const vw = video.videoWidth, vh = video.videoHeight;
-    if (!vw || !vh || !rect.width || !rect.height) return null;
-    const scale = Math.min(rect.width / vw, rect.height / vh);
-    const left = rect.left + (rect.width - vw * scale) / 2;
-    const top = rect.top + (rect.height - vh * scale) / 2;
-    const x = Math.floor((clientX - left) / scale);
-    const y = Math.floor((clientY - top) / scale);
-    if (x < 0 || y < 0 || x >= vw || y >= vh) return null;
-    return { x, y };
-  }
-
-  const sent = { x: -1, y: -1 };
-
-  // the pointer's position, if it moved since it was last sent
-  function flushMove() {
-    if (pointer.x === sent.x && pointer.y === sent.y) return;
-    if (send({ t: "mm", x: pointer.x, y: pointer.y })) { sent.x = pointer.x; sent.y = pointer.y; }
-  }
-
-  function queueMove() {
-    if (pendingMove) return;
-    pendingMove = true;
-    requestAnimationFrame(() => {  // at most one move per displayed frame
-      pendingMove = false;
-      flushMove();
-    });
-  }
-
-  function locked() {
-    return document.pointerLockElement === video;
-  }
-
-  video.addEventListener("mousemove", (event) => {
-    if (!inputAllowed()) return;
-    if (locked()) {
-      pointer.x = clamp(pointer.x + event.movementX, 0, video.videoWidth - 1);
-      pointer.y = clamp(pointer.y + event.movementY, 0, video.videoHeight - 1);
+    if (msg.t === "hello") {
+      tessera.viewerId = msg.viewer_id;
+      setRole(msg.controlling ? "player" : "spectator");
+      $("leave").hidden = false;
+      $("end").hidden = false;
+      statsTimer = setInterval(wsStats, STATS_INTERVAL_MS);
+    } else if (msg.t === "error") {
+      showError(msg);
     } else {
-      const p = videoPixel(event.clientX, event.clientY);
-      if (!p) return;
-      pointer.x = p.x; pointer.y = p.y;
+      onMessage(event);
+      if (msg.t === "pong") render();
     }
-    queueMove();
-  });
+  };
+  socket.onclose = () => {
+    clearInterval(statsTimer);
+    if (decoder && decoder.state !== "closed") decoder.close();
+    if (leaving) return;
+    if (tessera.state === "playing") showError({ code: "ended", message: "The session ended." });
+    else if (!tessera.error) showError({ code: "connection_failed", message: "The WebSocket to the stream closed." });
+    setState(tessera.state === "playing" ? "closed" : "failed");
+  };
+}
 
-  function buttonEvent(event, down) {
-    if (!inputAllowed()) return;
-    if (!locked()) {
-      const p = videoPixel(event.clientX, event.clientY);
-      if (!p) return;
-      pointer.x = p.x; pointer.y = p.y;
-    }
-    flushMove();  // the button acts where the pointer is now, not where it was a frame ago
-    event.preventDefault();
-    video.focus();
-    const b = { 0: 1, 1: 2, 2: 3 }[event.button];
-    if (b === undefined) return;
-    const key = "mouse" + b;
-    if (down) pressed.add(key); else pressed.delete(key);
-    send({ t: "mb", b, d: down });
+// ------------------------------------------------------------------ data channel
+
+function send(message) {
+  if (channel && channel.readyState === "open") {
+    channel.send(JSON.stringify(message));
+    return true;
   }
+  return false;
+}
 
-  video.addEventListener("mousedown", (event) => buttonEvent(event, true));
-  window.addEventListener("mouseup", (event) => {
-    if (pressed.has("mouse" + ({ 0: 1, 1: 2, 2: 3 }[event.button]))) buttonEvent(event, false);
+function onMessage(event) {
+  let msg;
+  try { msg = JSON.parse(event.data); } catch (e) { return; }
+  if (msg.t === "pong") {
+    tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
+    if (typeof msg.rec === "boolean") setRecording(msg.rec);
+    if (typeof msg.service_ms === "number") tessera.stats.service_ms = msg.service_ms;
+  } else if (msg.t === "denied") {
+    if (tessera.controlling) setRole("spectator");
+  } else if (msg.t === "control" || msg.t === "role") {
+    setRole(msg.controlling || msg.role === "player" ? "player" : "spectator");
+  } else if (msg.t === "recording") {
+    setRecording(msg.on === true);
+  } else if (msg.t === "clip" && typeof msg.text === "string") {
+    copied(msg.text);
+  }
+}
+
+// ------------------------------------------------------------------ clipboard
+
+// An app copied: the text goes to the local clipboard where the browser lets us write it
+function copied(text) {
+  tessera.clipboard = text;
+  if (navigator.clipboard && document.hasFocus()) {
+    navigator.clipboard.writeText(text).catch(() => {});
+  }
+}
+
+// Text for the session's apps to paste (what the user pasted into the page)
+function paste(text) {
+  return inputAllowed() && send({ t: "clip", text: String(text) });
+}
+
+// ------------------------------------------------------------------ gamepads
+
+// The controlling viewer's pads are read every frame while any is connected; a pad's state
+// goes out when it changes (buttons 0..1, axes -1..1, standard mapping)
+const PAD_POLL_MS = 16;
+const lastPad = new Map();
+let padTimer = null;
+
+function pollPads() {
+  const pads = navigator.getGamepads ? Array.from(navigator.getGamepads()) : [];
+  if (!pads.some((pad) => pad)) {
+    clearInterval(padTimer);
+    padTimer = null;
+    return;
+  }
+  if (!inputAllowed()) return;
+  for (const pad of pads) {
+    if (!pad || pad.index > 3) continue;
+    const message = {
+      t: "gp",
+      i: pad.index,
+      b: Array.from(pad.buttons, (button) => round(button.value, 3)),
+      a: Array.from(pad.axes, (axis) => round(axis, 3)),
+    };
+    const text = JSON.stringify(message);
+    if (lastPad.get(pad.index) !== text && send(message)) {
+      lastPad.set(pad.index, text);
+      tessera.gamepadsSent += 1;
+    }
+  }
+}
+
+window.addEventListener("gamepadconnected", () => {
+  if (padTimer === null) padTimer = setInterval(pollPads, PAD_POLL_MS);
+});
+
+// ------------------------------------------------------------------ files
+
+// The session's home folder, for its controlling viewer: upload into it, download from it
+function filesPath(name) {
+  const base = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/files`;
+  return name === undefined ? base : `${base}/${encodeURIComponent(name)}`;
+}
+
+async function listFiles() {
+  const data = await call("GET", filesPath());
+  tessera.files = data.files;
+  const list = $("file-list");
+  list.replaceChildren(...data.files.map((file) => {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = file.name;
+    button.title = `Download ${file.name} (${file.size} bytes)`;
+    button.addEventListener("click", () => saveFile(file.name).catch(showError));
+    item.append(button);
+    return item;
+  }));
+  return data.files;
+}
+
+async function uploadFile(file) {
+  const resp = await fetch(api + filesPath(file.name), {
+    method: "PUT", headers: { ...auth }, credentials: "same-origin", body: file,
   });
-  video.addEventListener("contextmenu", (event) => event.preventDefault());
-  video.addEventListener("wheel", (event) => {
-    if (!inputAllowed()) return;
-    event.preventDefault();
-    // one notch = 1; pixel-mode wheels (touchpads) send ~100 per notch
-    const unit = event.deltaMode === 0 ? 100 : event.deltaMode === 1 ? 3 : 1;
-    const dx = Math.round(event.deltaX / unit), dy = Math.round(event.deltaY / unit);
+  if (!resp.ok) {
+    let err = {};
+    try { err = (await resp.json()).error || {}; } catch (e) { /* not JSON */ }
+    throw new Error(err.message || `upload failed: HTTP ${resp.status}`);
+  }
+  return listFiles();
+}
+
+async function download(name) {
+  const resp = await fetch(api + filesPath(name), { headers: { ...auth }, credentials: "same-origin" });
+  if (!resp.ok) throw new Error(`download of ${name} failed: HTTP ${resp.status}`);
+  return resp.blob();
+}
+
+async function saveFile(name) {
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(await download(name));
+  link.download = name;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+}
+
+$("upload").addEventListener("change", (event) => {
+  for (const file of event.target.files) uploadFile(file).catch(showError);
+  event.target.value = "";
+});
+
+// ------------------------------------------------------------------ recording
+
+// Recording is announced on every viewer's picture; the controlling viewer starts and stops it
+function setRecording(on) {
+  tessera.recording = on;
+  $("rec").hidden = !on;
+  $("record").textContent = on ? "Stop recording" : "Record";
+  $("record").setAttribute("aria-pressed", String(on));
+}
+
+function record(on) {
+  return inputAllowed() && send({ t: "record", on: Boolean(on) });
+}
+
+// ------------------------------------------------------------------ resize
+
+// The session's display follows the controlling viewer's picture area, in device pixels,
+// asked for once the window stops changing (the service keeps it within its limit)
+const RESIZE_SETTLE_MS = 250;
+let resizeTimer = null;
+
+function askResize() {
+  if (!inputAllowed()) return false;
+  const stage = $("stage");
+  const scale = window.devicePixelRatio || 1;
+  const w = Math.max(64, Math.floor((stage.clientWidth * scale) / 2) * 2);
+  const h = Math.max(64, Math.floor((stage.clientHeight * scale) / 2) * 2);
+  tessera.askedSize = [w, h];
+  return send({ t: "resize", w, h });
+}
+
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(askResize, RESIZE_SETTLE_MS);
+});
+
+window.addEventListener("paste", (event) => {
+  if (!inputAllowed() || typingInForm(event) || !event.clipboardData) return;
+  const text = event.clipboardData.getData("text/plain");
+  if (text) paste(text);
+});
+
+// ------------------------------------------------------------------ input
+
+const pressed = new Set();
+const pointer = { x: 0, y: 0 };
+let pendingMove = false;
+
+function inputAllowed() {
+  return tessera.controlling && channel && channel.readyState === "open";
+}
+
+function typingInForm(event) {
+  const tag = event.target && event.target.tagName;
+  return tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA";
+}
+
+// Where a point of the page falls in the video's own pixels (object-fit: contain letterboxes)
+function videoPixel(clientX, clientY) {
+  const rect = video.getBoundingClientRect();
+  const vw = video.videoWidth, vh = video.videoHeight;
+  if (!vw || !vh || !rect.width || !rect.height) return null;
+  const scale = Math.min(rect.width / vw, rect.height / vh);
+  const left = rect.left + (rect.width - vw * scale) / 2;
+  const top = rect.top + (rect.height - vh * scale) / 2;
+  const x = Math.floor((clientX - left) / scale);
+  const y = Math.floor((clientY - top) / scale);
+  if (x < 0 || y < 0 || x >= vw || y >= vh) return null;
+  return { x, y };
+}
+
+const sent = { x: -1, y: -1 };
+
+// the pointer's position, if it moved since it was last sent
+function flushMove() {
+  if (pointer.x === sent.x && pointer.y === sent.y) return;
+  if (send({ t: "mm", x: pointer.x, y: pointer.y })) { sent.x = pointer.x; sent.y = pointer.y; }
+}
+
+function queueMove() {
+  if (pendingMove) return;
+  pendingMove = true;
+  requestAnimationFrame(() => {  // at most one move per displayed frame
+    pendingMove = false;
     flushMove();
-    if (dx || dy) send({ t: "wh", dx: dx || 0, dy: dy || 0 });
-  }, { passive: false });
-
-  window.addEventListener("keydown", (event) => {
-    if (!inputAllowed() || typingInForm(event) || !event.code) return;
-    event.preventDefault();
-    if (event.repeat && pressed.has(event.code)) return;  // the remote side repeats on its own
-    pressed.add(event.code);
-    send({ t: "kd", code: event.code });
   });
-  window.addEventListener("keyup", (event) => {
-    if (!inputAllowed() || typingInForm(event) || !event.code) return;
-    event.preventDefault();
-    pressed.delete(event.code);
-    send({ t: "ku", code: event.code });
-  });
+}
 
-  // A key or button held while the page loses focus would stay down on the remote side
-  function releaseAll() {
-    for (const key of pressed) {
-      if (key.startsWith("mouse")) send({ t: "mb", b: Number(key.slice(5)), d: false });
-      else send({ t: "ku", code: key });
-    }
-    pressed.clear();
-  }
-  window.addEventListener("blur", releaseAll);
-  document.addEventListener("visibilitychange", () => { if (document.hidden) releaseAll(); });
+function locked() {
+  return document.pointerLockElement === video;
+}
 
-  // ------------------------------------------------------------------ stats
-
-  async function updateStats() {
-    if (!pc) return;
-    send({ t: "ping", ts: performance.now() });
-    const report = await pc.getStats();
-    let inbound = null, pairId = null, pair = null;
-    const pairs = {};
-    report.forEach((s) => {
-      if (s.type === "inbound-rtp" && s.kind === "video") inbound = s;
-      else if (s.type === "transport" && s.selectedCandidatePairId) pairId = s.selectedCandidatePairId;
-      else if (s.type === "candidate-pair") pairs[s.id] = s;
-    });
-    pair = pairs[pairId] || Object.values(pairs).find((p) => p.nominated && p.state === "succeeded");
-    const st = tessera.stats;
-    if (pair && pair.currentRoundTripTime !== undefined) st.rtt_ms = round(pair.currentRoundTripTime * 1000, 1);
-    if (inbound) {
-      if (prevStats) {
-        const dt = (inbound.timestamp - prevStats.timestamp) / 1000;
-        const frames = (inbound.framesDecoded || 0) - (prevStats.framesDecoded || 0);
-        if (dt > 0) {
-          st.fps = round(frames / dt, 1);
-          st.bitrate_kbps = round(8 * ((inbound.bytesReceived || 0) - (prevStats.bytesReceived || 0)) / dt / 1000, 0);
-        }
-        const decode = (inbound.totalDecodeTime || 0) - (prevStats.totalDecodeTime || 0);
-        if (frames > 0) st.decode_ms = round(1000 * decode / frames, 2);
-        const emitted = (inbound.jitterBufferEmittedCount || 0) - (prevStats.jitterBufferEmittedCount || 0);
-        const delay = (inbound.jitterBufferDelay || 0) - (prevStats.jitterBufferDelay || 0);
-        if (emitted > 0) st.jitter_buffer_ms = round(1000 * delay / emitted, 1);
-      } else if (inbound.framesDecoded) {
-        st.decode_ms = round(1000 * (inbound.totalDecodeTime || 0) / inbound.framesDecoded, 2);
-      }
-      st.frames_decoded = inbound.framesDecoded || 0;
-      st.frames_dropped = inbound.framesDropped || 0;
-      st.packets_lost = inbound.packetsLost || 0;
-      st.bytes_received = inbound.bytesReceived || 0;
-      const codec = inbound.codecId && report.get(inbound.codecId);
-      if (codec) st.codec = codec.mimeType;
-      prevStats = inbound;
-      if (inbound.frameWidth) { tessera.frameWidth = inbound.frameWidth; tessera.frameHeight = inbound.frameHeight; }
-      if (st.frames_decoded > 0 && tessera.state === "connecting") setState("playing");
-    }
-    render();
-  }
-
-  // ------------------------------------------------------------------ latency overlay
-  // What a viewer waits for a change on the remote screen, from its parts: the service's
-  // (capture to send, in each pong), the network's (half the ICE round trip) and the
-  // browser's (last packet of a frame received to the frame's display, from
-  // requestVideoFrameCallback): median over the last BROWSER_FRAMES frames (a second at 30 fps).
-  const BROWSER_FRAMES = 30;
-  const latency = { on: false, browserMs: [] };
-
-  function latencyFrame(now, meta) {
-    if (meta.receiveTime !== undefined && meta.expectedDisplayTime !== undefined) {
-      latency.browserMs.push(meta.expectedDisplayTime - meta.receiveTime);
-      if (latency.browserMs.length > BROWSER_FRAMES) latency.browserMs.shift();
-    }
-    if (latency.on) video.requestVideoFrameCallback(latencyFrame);
-  }
-
-  function showLatency(on) {
-    const was = latency.on;
-    latency.on = on && !!video.requestVideoFrameCallback;
-    $("latency").hidden = !latency.on;
-    $("latency-toggle").setAttribute("aria-pressed", String(latency.on));
-    if (latency.on && !was) { latency.browserMs = []; video.requestVideoFrameCallback(latencyFrame); }
-    render();
-  }
-  tessera.showLatency = showLatency;
-
-  function median(values) {
-    const sorted = [...values].sort((a, b) => a - b);
-    return sorted.length ? sorted[Math.floor(sorted.length / 2)] : null;
-  }
-
-  function renderLatency(st) {
-    st.browser_ms = latency.browserMs.length ? round(median(latency.browserMs), 1) : null;
-    const parts = [st.service_ms, st.rtt_ms === null ? null : st.rtt_ms / 2, st.browser_ms];
-    st.latency_ms = parts.every((v) => typeof v === "number") ? round(parts[0] + parts[1] + parts[2], 1) : null;
-    if (!latency.on) return;
-    $("latency").textContent = st.latency_ms === null ? "latency \u2013"
-      : `latency ${st.latency_ms} ms \u00b7 service ${st.service_ms} \u00b7 network ${round(parts[1], 1)} \u00b7 browser ${st.browser_ms}`;
-  }
-
-  function render() {
-    const st = tessera.stats;
-    renderLatency(st);
-    const w = tessera.frameWidth || video.videoWidth, h = tessera.frameHeight || video.videoHeight;
-    $("s-res").textContent = w ? `${w}\u00d7${h}` : "\u2013";
-    $("s-fps").textContent = st.fps;
-    $("s-bitrate").textContent = st.bitrate_kbps >= 1000 ? `${(st.bitrate_kbps / 1000).toFixed(2)} Mbit/s` : `${st.bitrate_kbps} kbit/s`;
-    $("s-rtt").textContent = st.rtt_ms === null ? "\u2013" : `${st.rtt_ms} ms`;
-    $("s-ping").textContent = st.ping_ms === null ? "\u2013" : `${st.ping_ms} ms`;
-    $("s-decode").textContent = st.decode_ms === null ? "\u2013" : `${st.decode_ms} ms`;
-    $("s-jitter").textContent = st.jitter_buffer_ms === null ? "\u2013" : `${st.jitter_buffer_ms} ms`;
-    $("s-dropped").textContent = st.frames_dropped;
-    $("s-lost").textContent = st.packets_lost;
-    $("s-codec").textContent = st.codec || "\u2013";
-  }
-
-  video.addEventListener("resize", () => {
-    tessera.frameWidth = video.videoWidth;
-    tessera.frameHeight = video.videoHeight;
-    render();
-  });
-  video.addEventListener("playing", () => { if (tessera.state === "connecting") setState("playing"); });
-
-  function round(value, digits) {
-    const f = 10 ** digits;
-    return Math.round(value * f) / f;
-  }
-
-  function clamp(value, lo, hi) {
-    return Math.max(lo, Math.min(hi, value));
-  }
-
-  // ------------------------------------------------------------------ wiring
-
-  $("start").addEventListener("submit", startSession);
-  $("control").addEventListener("click", takeControl);
-  $("record").addEventListener("click", () => record(!tessera.recording));
-  $("latency-toggle").addEventListener("click", () => showLatency(!latency.on));
-  $("sound").addEventListener("click", () => setMuted(!tessera.muted));
-  if (params.get("latency") === "1") showLatency(true);
-  $("leave").addEventListener("click", () => leave(false));
-  $("end").addEventListener("click", () => leave(true));
-  $("lock").addEventListener("click", () => {
-    if (video.requestPointerLock) video.requestPointerLock();
-    video.focus();
-  });
-  window.addEventListener("pagehide", () => {
-    if (!tessera.viewerId || !tessera.sessionId) return;
-    const path = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/viewers/${encodeURIComponent(tessera.viewerId)}`;
-    fetch(api + path, { method: "DELETE", headers: auth, keepalive: true, credentials: "same-origin" }).catch(() => {});
-  });
-
-  if (tessera.sessionId) {
-    join(tessera.sessionId, params.get("role") || "player");
+video.addEventListener("mousemove", (event) => {
+  if (!inputAllowed()) return;
+  if (locked()) {
+    pointer.x = clamp(pointer.x + event.movementX, 0, video.videoWidth - 1);
+    pointer.y = clamp(pointer.y + event.movementY, 0, video.videoHeight - 1);
   } else {
-    loadApps().then(() => { if (params.get("autostart")) startSession(); });
+    const p = videoPixel(event.clientX, event.clientY);
+    if (!p) return;
+    pointer.x = p.x; pointer.y = p.y;
   }
-})();
+  queueMove();
+});
+
+function buttonEvent(event, down) {
+  if (!inputAllowed()) return;
+  if (!locked()) {
+    const p = videoPixel(event.clientX, event.clientY);
+    if (!p) return;
+    pointer.x = p.x; pointer.y = p.y;
+  }
+  flushMove();  // the button acts where the pointer is now, not where it was a frame ago
+  event.preventDefault();
+  video.focus();
+  const b = { 0: 1, 1: 2, 2: 3 }[event.button];
+  if (b === undefined) return;
+  const key = "mouse" + b;
+  if (down) pressed.add(key); else pressed.delete(key);
+  send({ t: "mb", b, d: down });
+}
+
+video.addEventListener("mousedown", (event) => buttonEvent(event, true));
+window.addEventListener("mouseup", (event) => {
+  if (pressed.has("mouse" + ({ 0: 1, 1: 2, 2: 3 }[event.button]))) buttonEvent(event, false);
+});
+video.addEventListener("contextmenu", (event) => event.preventDefault());
+video.addEventListener("wheel", (event) => {
+  if (!inputAllowed()) return;
+  event.preventDefault();
+  // one notch = 1; pixel-mode wheels (touchpads) send ~100 per notch
+  const unit = event.deltaMode === 0 ? 100 : event.deltaMode === 1 ? 3 : 1;
+  const dx = Math.round(event.deltaX / unit), dy = Math.round(event.deltaY / unit);
+  flushMove();
+  if (dx || dy) send({ t: "wh", dx: dx || 0, dy: dy || 0 });
+}, { passive: false });
+
+window.addEventListener("keydown", (event) => {
+  if (!inputAllowed() || typingInForm(event) || !event.code) return;
+  event.preventDefault();
+  if (event.repeat && pressed.has(event.code)) return;  // the remote side repeats on its own
+  pressed.add(event.code);
+  send({ t: "kd", code: event.code });
+});
+window.addEventListener("keyup", (event) => {
+  if (!inputAllowed() || typingInForm(event) || !event.code) return;
+  event.preventDefault();
+  pressed.delete(event.code);
+  send({ t: "ku", code: event.code });
+});
+
+// A key or button held while the page loses focus would stay down on the remote side
+function releaseAll() {
+  for (const key of pressed) {
+    if (key.startsWith("mouse")) send({ t: "mb", b: Number(key.slice(5)), d: false });
+    else send({ t: "ku", code: key });
+  }
+  pressed.clear();
+}
+window.addEventListener("blur", releaseAll);
+document.addEventListener("visibilitychange", () => { if (document.hidden) releaseAll(); });
+
+// ------------------------------------------------------------------ stats
+
+async function updateStats() {
+  if (!pc) return;
+  send({ t: "ping", ts: performance.now() });
+  const report = await pc.getStats();
+  let inbound = null, pairId = null, pair = null;
+  const pairs = {};
+  report.forEach((s) => {
+    if (s.type === "inbound-rtp" && s.kind === "video") inbound = s;
+    else if (s.type === "transport" && s.selectedCandidatePairId) pairId = s.selectedCandidatePairId;
+    else if (s.type === "candidate-pair") pairs[s.id] = s;
+  });
+  pair = pairs[pairId] || Object.values(pairs).find((p) => p.nominated && p.state === "succeeded");
+  const st = tessera.stats;
+  if (pair && pair.currentRoundTripTime !== undefined) st.rtt_ms = round(pair.currentRoundTripTime * 1000, 1);
+  if (inbound) {
+    if (prevStats) {
+      const dt = (inbound.timestamp - prevStats.timestamp) / 1000;
+      const frames = (inbound.framesDecoded || 0) - (prevStats.framesDecoded || 0);
+      if (dt > 0) {
+        st.fps = round(frames / dt, 1);
+        st.bitrate_kbps = round(8 * ((inbound.bytesReceived || 0) - (prevStats.bytesReceived || 0)) / dt / 1000, 0);
+      }
+      const decode = (inbound.totalDecodeTime || 0) - (prevStats.totalDecodeTime || 0);
+      if (frames > 0) st.decode_ms = round(1000 * decode / frames, 2);
+      const emitted = (inbound.jitterBufferEmittedCount || 0) - (prevStats.jitterBufferEmittedCount || 0);
+      const delay = (inbound.jitterBufferDelay || 0) - (prevStats.jitterBufferDelay || 0);
+      if (emitted > 0) st.jitter_buffer_ms = round(1000 * delay / emitted, 1);
+    } else if (inbound.framesDecoded) {
+      st.decode_ms = round(1000 * (inbound.totalDecodeTime || 0) / inbound.framesDecoded, 2);
+    }
+    st.frames_decoded = inbound.framesDecoded || 0;
+    st.frames_dropped = inbound.framesDropped || 0;
+    st.packets_lost = inbound.packetsLost || 0;
+    st.bytes_received = inbound.bytesReceived || 0;
+    const codec = inbound.codecId && report.get(inbound.codecId);
+    if (codec) st.codec = codec.mimeType;
+    prevStats = inbound;
+    if (inbound.frameWidth) { tessera.frameWidth = inbound.frameWidth; tessera.frameHeight = inbound.frameHeight; }
+    if (st.frames_decoded > 0 && tessera.state === "connecting") setState("playing");
+  }
+  render();
+}
+
+// ------------------------------------------------------------------ latency overlay
+// What a viewer waits for a change on the remote screen, from its parts: the service's
+// (capture to send, in each pong), the network's (half the ICE round trip) and the
+// browser's (last packet of a frame received to the frame's display, from
+// requestVideoFrameCallback): median over the last BROWSER_FRAMES frames (a second at 30 fps).
+const BROWSER_FRAMES = 30;
+const latency = { on: false, browserMs: [] };
+
+function latencyFrame(now, meta) {
+  if (meta.receiveTime !== undefined && meta.expectedDisplayTime !== undefined) {
+    latency.browserMs.push(meta.expectedDisplayTime - meta.receiveTime);
+    if (latency.browserMs.length > BROWSER_FRAMES) latency.browserMs.shift();
+  }
+  if (latency.on) video.requestVideoFrameCallback(latencyFrame);
+}
+
+function showLatency(on) {
+  const was = latency.on;
+  latency.on = on && !!video.requestVideoFrameCallback;
+  $("latency").hidden = !latency.on;
+  $("latency-toggle").setAttribute("aria-pressed", String(latency.on));
+  if (latency.on && !was) { latency.browserMs = []; video.requestVideoFrameCallback(latencyFrame); }
+  render();
+}
+tessera.showLatency = showLatency;
+
+function median(values) {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted.length ? sorted[Math.floor(sorted.length / 2)] : null;
+}
+
+function renderLatency(st) {
+  st.browser_ms = latency.browserMs.length ? round(median(latency.browserMs), 1) : null;
+  const parts = [st.service_ms, st.rtt_ms === null ? null : st.rtt_ms / 2, st.browser_ms];
+  st.latency_ms = parts.every((v) => typeof v === "number") ? round(parts[0] + parts[1] + parts[2], 1) : null;
+  if (!latency.on) return;
+  $("latency").textContent = st.latency_ms === null ? "latency \u2013"
+    : `latency ${st.latency_ms} ms \u00b7 service ${st.service_ms} \u00b7 network ${round(parts[1], 1)} \u00b7 browser ${st.browser_ms}`;
+}
+
+function render() {
+  const st = tessera.stats;
+  renderLatency(st);
+  const w = tessera.frameWidth || video.videoWidth, h = tessera.frameHeight || video.videoHeight;
+  $("s-res").textContent = w ? `${w}\u00d7${h}` : "\u2013";
+  $("s-fps").textContent = st.fps;
+  $("s-bitrate").textContent = st.bitrate_kbps >= 1000 ? `${(st.bitrate_kbps / 1000).toFixed(2)} Mbit/s` : `${st.bitrate_kbps} kbit/s`;
+  $("s-rtt").textContent = st.rtt_ms === null ? "\u2013" : `${st.rtt_ms} ms`;
+  $("s-ping").textContent = st.ping_ms === null ? "\u2013" : `${st.ping_ms} ms`;
+  $("s-decode").textContent = st.decode_ms === null ? "\u2013" : `${st.decode_ms} ms`;
+  $("s-jitter").textContent = st.jitter_buffer_ms === null ? "\u2013" : `${st.jitter_buffer_ms} ms`;
+  $("s-dropped").textContent = st.frames_dropped;
+  $("s-lost").textContent = st.packets_lost;
+  $("s-codec").textContent = st.codec || "\u2013";
+}
+
+video.addEventListener("resize", () => {
+  tessera.frameWidth = video.videoWidth;
+  tessera.frameHeight = video.videoHeight;
+  render();
+});
+video.addEventListener("playing", () => { if (tessera.state === "connecting") setState("playing"); });
+
+function round(value, digits) {
+  const f = 10 ** digits;
+  return Math.round(value * f) / f;
+}
+
+function clamp(value, lo, hi) {
+  return Math.max(lo, Math.min(hi, value));
+}
+
+// ------------------------------------------------------------------ wiring
+
+$("start").addEventListener("submit", startSession);
+$("control").addEventListener("click", takeControl);
+$("record").addEventListener("click", () => record(!tessera.recording));
+$("latency-toggle").addEventListener("click", () => showLatency(!latency.on));
+$("sound").addEventListener("click", () => setMuted(!tessera.muted));
+if (params.get("latency") === "1") showLatency(true);
+$("leave").addEventListener("click", () => leave(false));
+$("end").addEventListener("click", () => leave(true));
+$("lock").addEventListener("click", () => {
+  if (video.requestPointerLock) video.requestPointerLock();
+  video.focus();
+});
+window.addEventListener("pagehide", () => {
+  if (!tessera.viewerId || !tessera.sessionId) return;
+  const path = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/viewers/${encodeURIComponent(tessera.viewerId)}`;
+  fetch(api + path, { method: "DELETE", headers: auth, keepalive: true, credentials: "same-origin" }).catch(() => {});
+});
+
+if (tessera.sessionId) {
+  join(tessera.sessionId, params.get("role") || "player");
+} else {
+  loadApps().then(() => { if (params.get("autostart")) startSession(); });
+}
