@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from aiohttp import web
@@ -9,7 +10,12 @@ from aiohttp import web
 from farm.errors import NotFound
 
 STATIC = Path(__file__).resolve().parent / "static"
-PLAYER = Path(__file__).resolve().parent.parent / "encoder" / "static"
+#: the stream player's files, as the encoder package ships them (its package data)
+PLAYER = files("encoder") / "static"
+#: the player's files the web's own pages import too, at /static/<name>: one request helper
+#: for both (the stream service serves only the player's folder)
+SHARED = frozenset({"request.js"})
+
 TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -54,13 +60,30 @@ async def streams_page(request: web.Request) -> web.FileResponse:
     return _file(STATIC, "streams.html")
 
 
-async def static_file(request: web.Request) -> web.FileResponse:
-    return _file(STATIC, request.match_info["path"])
+async def static_file(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["path"]
+    if name in SHARED:
+        return _player_file(name)
+    return _file(STATIC, name)
 
 
-async def player(request: web.Request) -> web.FileResponse:
-    return _file(PLAYER, "player.html")
+def _player_file(name: str) -> web.Response:
+    """One of the player's files, by its exact name (never a path into or out of the folder)."""
+    resource = next((r for r in PLAYER.iterdir() if r.name == name), None)
+    if resource is None or not resource.is_file():
+        raise NotFound(f"no file {name!r} in the player's files")
+    return web.Response(
+        body=resource.read_bytes(),
+        headers={
+            "Content-Type": TYPES.get(Path(name).suffix, "application/octet-stream"),
+            "Cache-Control": "no-cache",
+        },
+    )
 
 
-async def player_asset(request: web.Request) -> web.FileResponse:
-    return _file(PLAYER, f"player.{request.match_info['ext']}")
+async def player(request: web.Request) -> web.Response:
+    return _player_file("player.html")
+
+
+async def player_asset(request: web.Request) -> web.Response:
+    return _player_file(f"player.{request.match_info['ext']}")

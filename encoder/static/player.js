@@ -4,7 +4,10 @@
 //        ?app=<name>&width=&height=&fps=&project=&autostart=1 (start one)
 //        &token=<stream token>  (opened on a stream service itself; the web needs none)
 //        &transport=ws  (the WebSocket + WebCodecs fallback from the start, not after ICE fails)
-// A module (strict, its names its own): it runs once the page has been parsed.
+// A module (strict, its names its own): it runs once the page has been parsed, and calls the
+// API with the request helper the web's pages use too (request.js in this folder, which the
+// stream service and the web both serve at /static/request.js).
+import { request } from "./static/request.js";
 
 const params = new URLSearchParams(location.search);
 const api = (params.get("api") || "").replace(/\/+$/, "");
@@ -54,6 +57,8 @@ const tessera = {
   leave,
   paste,
   askResize,
+  // how many resizes this viewer asked for (one per settled change of its picture area)
+  resizesSent: 0,
   record,
   listFiles,
   uploadFile,
@@ -69,24 +74,9 @@ let leaving = false;  // the user left: the connection closing is no failure
 
 // ------------------------------------------------------------------ HTTP
 
-async function call(method, path, body) {
-  const init = { method, headers: { ...auth }, credentials: "same-origin" };
-  if (body !== undefined) {
-    init.headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
-  }
-  const resp = await fetch(api + path, init);
-  if (resp.status === 204) return null;
-  let data = null;
-  try { data = await resp.json(); } catch (e) { data = null; }
-  if (!resp.ok) {
-    const err = (data && data.error) || {};
-    const e = new Error(err.message || resp.statusText || ("HTTP " + resp.status));
-    e.code = err.code || ("http_" + resp.status);
-    e.status = resp.status;
-    throw e;
-  }
-  return data;
+// The stream API, on the service itself (with its token) or through the web (its cookie)
+function call(method, path, json, options = {}) {
+  return request(api + path, { method, json, headers: auth, ...options });
 }
 
 // ------------------------------------------------------------------ state and errors
@@ -120,7 +110,13 @@ function setRole(role) {
   $("lock").hidden = !tessera.controlling;
   $("record").hidden = !tessera.controlling;
   $("files").hidden = !tessera.controlling;
-  if (tessera.controlling) listFiles().catch(() => {});
+  if (tessera.controlling) {
+    listFiles().catch((err) => {
+      // 404: the session's app has no home folder (it is not sandboxed): no files to offer
+      if (err.status === 404) $("files").hidden = true;
+      else showError(err);
+    });
+  }
   video.classList.toggle("controlling", tessera.controlling);
   if (!tessera.controlling) releaseAll();
 }
@@ -187,11 +183,14 @@ async function startSession(event) {
   }
 }
 
+// The STUN/TURN servers to try; without them (the lookup failed: said on the page) only the
+// host's own addresses, which a viewer on the same network still reaches
 async function iceServers() {
   try {
     const { iceServers } = await call("GET", "/api/streams/ice");
     return iceServers || [];
   } catch (err) {
+    showError({ code: err.code, message: `No STUN/TURN servers (${err.message}): connecting without them.` });
     return [];
   }
 }
@@ -228,7 +227,7 @@ async function join(sid, role) {
     lowDelay(event.receiver);
     if (event.track.kind === "audio") return playAudio(event.track);
     video.srcObject = event.streams[0] || new MediaStream([event.track]);
-    video.play().catch(() => { /* autoplay of muted video is allowed; a user click plays */ });
+    playVideo();
   };
   pc.onconnectionstatechange = () => {
     if (leaving) return;
@@ -282,11 +281,21 @@ function preferH264(transceiver) {
   }
 }
 
-// Ask the browser to play frames as soon as they decode: no playout delay, no jitter target.
+// Ask the browser to play frames as soon as they decode: no playout delay, no jitter target
+// (where it has these knobs).
 function lowDelay(receiver) {
   if (!receiver) return;
-  try { receiver.playoutDelayHint = 0; } catch (e) { /* not supported */ }
-  try { receiver.jitterBufferTarget = 0; } catch (e) { /* not supported */ }
+  if ("playoutDelayHint" in receiver) receiver.playoutDelayHint = 0;
+  if ("jitterBufferTarget" in receiver) receiver.jitterBufferTarget = 0;
+}
+
+// Muted video may play by itself; a browser that refuses waits for a click on the picture.
+function playVideo() {
+  video.play().catch((err) => {
+    if (err.name === "AbortError") return; // a newer source replaced this one: its play counts
+    showError({ code: "autoplay", message: `The browser did not start the picture (${err.message}): click it to play.` });
+    video.addEventListener("click", () => { clearError(); video.play().catch(showError); }, { once: true });
+  });
 }
 
 async function takeControl() {
@@ -349,6 +358,7 @@ async function leave(endSession) {
 // WebCodecs into the same <video>; text messages are the data channel's JSON, both ways.
 
 let ws = null;
+let wsHello = null;  // what the WebSocket viewer starts once the service said hello
 let fellBack = false;
 
 // ICE failed before anything played: leave that viewer and join again over the WebSocket
@@ -364,7 +374,11 @@ function fallBack(sid, role) {
   const left = oldViewer
     ? call("DELETE", `/api/streams/sessions/${encodeURIComponent(sid)}/viewers/${encodeURIComponent(oldViewer)}`)
     : Promise.resolve();
-  left.catch(() => {}).then(() => joinWs(sid, role));
+  left.then(() => joinWs(sid, role), (err) => {
+    joinWs(sid, role);
+    // said after joinWs cleared the page's error: the old viewer may still hold control
+    showError({ code: err.code, message: `The WebRTC viewer did not leave (${err.message}): this one may only watch.` });
+  });
   return true;
 }
 
@@ -392,16 +406,19 @@ function videoSink() {
     const generator = new MediaStreamTrackGenerator({ kind: "video" });
     const writer = generator.writable.getWriter();
     video.srcObject = new MediaStream([generator]);
-    video.play().catch(() => {});
+    playVideo();
     return (frame) => {
       if (writer.desiredSize !== null && writer.desiredSize <= 0) { frame.close(); return; }
-      writer.write(frame).catch(() => {});  // the writer closes the frame
+      writer.write(frame).catch((err) => {  // the writer closes the frame, written or not
+        tessera.stats.frames_dropped++;
+        if (!leaving) showError({ code: "video", message: `A frame could not be shown: ${err.message}` });
+      });
     };
   }
   const canvas = document.createElement("canvas");
   const ctx = canvas.getContext("2d");
   video.srcObject = canvas.captureStream();
-  video.play().catch(() => {});
+  playVideo();
   return (frame) => {
     if (canvas.width !== frame.displayWidth) canvas.width = frame.displayWidth;
     if (canvas.height !== frame.displayHeight) canvas.height = frame.displayHeight;
@@ -498,22 +515,10 @@ async function joinWs(sid, role) {
     get readyState() { return socket.readyState === WebSocket.OPEN ? "open" : "closed"; },
     send: (text) => socket.send(text),
   };
+  wsHello = () => { statsTimer = setInterval(wsStats, STATS_INTERVAL_MS); };
   socket.onmessage = (event) => {
-    if (typeof event.data !== "string") { onVideo(event.data); return; }
-    let msg;
-    try { msg = JSON.parse(event.data); } catch (e) { return; }
-    if (msg.t === "hello") {
-      tessera.viewerId = msg.viewer_id;
-      setRole(msg.controlling ? "player" : "spectator");
-      $("leave").hidden = false;
-      $("end").hidden = false;
-      statsTimer = setInterval(wsStats, STATS_INTERVAL_MS);
-    } else if (msg.t === "error") {
-      showError(msg);
-    } else {
-      onMessage(event);
-      if (msg.t === "pong") render();
-    }
+    if (typeof event.data !== "string") onVideo(event.data);
+    else onMessage(event);
   };
   socket.onclose = () => {
     clearInterval(statsTimer);
@@ -535,21 +540,56 @@ function send(message) {
   return false;
 }
 
-function onMessage(event) {
-  let msg;
-  try { msg = JSON.parse(event.data); } catch (e) { return; }
-  if (msg.t === "pong") {
+// Every message the service sends a viewer (encoder/control.py, session.py, routes.py), on
+// the data channel or the WebSocket, and what the page does with it
+const MESSAGES = Object.freeze({
+  // the answer to a ping: the input round trip, the service's share of the latency, and
+  // whether the session records (a viewer joining later learns it here)
+  pong(msg) {
     tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
     if (typeof msg.rec === "boolean") setRecording(msg.rec);
     if (typeof msg.service_ms === "number") tessera.stats.service_ms = msg.service_ms;
-  } else if (msg.t === "denied") {
+    render();
+  },
+  // input from a viewer not in control: control went to someone else
+  denied() {
     if (tessera.controlling) setRole("spectator");
-  } else if (msg.t === "control" || msg.t === "role") {
-    setRole(msg.controlling || msg.role === "player" ? "player" : "spectator");
-  } else if (msg.t === "recording") {
+  },
+  // control was handed over: to this viewer or away from it
+  control(msg) {
+    setRole(msg.controlling === true ? "player" : "spectator");
+  },
+  recording(msg) {
     setRecording(msg.on === true);
-  } else if (msg.t === "clip" && typeof msg.text === "string") {
-    copied(msg.text);
+  },
+  // an app of the session copied text (the controlling viewer only)
+  clip(msg) {
+    if (typeof msg.text === "string") copied(msg.text);
+  },
+  // WebSocket only: the viewer joined
+  hello(msg) {
+    tessera.viewerId = msg.viewer_id;
+    setRole(msg.controlling ? "player" : "spectator");
+    $("leave").hidden = false;
+    $("end").hidden = false;
+    if (wsHello) wsHello();
+  },
+  // WebSocket only: the join failed (the socket closes next)
+  error(msg) {
+    showError(msg);
+  },
+});
+
+// A message this page does not know (a newer service): said once in the console, per kind
+const unknownMessages = new Set();
+
+function onMessage(event) {
+  const msg = JSON.parse(event.data);  // the service sends JSON only: anything else throws
+  if (Object.hasOwn(MESSAGES, msg.t)) {
+    MESSAGES[msg.t](msg);
+  } else if (!unknownMessages.has(msg.t)) {
+    unknownMessages.add(msg.t);
+    console.warn(`player: the service sent a message of kind ${JSON.stringify(msg.t)}, which it does not handle`, msg);
   }
 }
 
@@ -559,7 +599,9 @@ function onMessage(event) {
 function copied(text) {
   tessera.clipboard = text;
   if (navigator.clipboard && document.hasFocus()) {
-    navigator.clipboard.writeText(text).catch(() => {});
+    navigator.clipboard.writeText(text).catch((err) => {
+      showError({ code: "clipboard", message: `What the app copied stays in the session: the browser refused its clipboard (${err.message}).` });
+    });
   }
 }
 
@@ -630,21 +672,12 @@ async function listFiles() {
 }
 
 async function uploadFile(file) {
-  const resp = await fetch(api + filesPath(file.name), {
-    method: "PUT", headers: { ...auth }, credentials: "same-origin", body: file,
-  });
-  if (!resp.ok) {
-    let err = {};
-    try { err = (await resp.json()).error || {}; } catch (e) { /* not JSON */ }
-    throw new Error(err.message || `upload failed: HTTP ${resp.status}`);
-  }
+  await call("PUT", filesPath(file.name), undefined, { body: file });
   return listFiles();
 }
 
-async function download(name) {
-  const resp = await fetch(api + filesPath(name), { headers: { ...auth }, credentials: "same-origin" });
-  if (!resp.ok) throw new Error(`download of ${name} failed: HTTP ${resp.status}`);
-  return resp.blob();
+function download(name) {
+  return call("GET", filesPath(name), undefined, { as: "blob" });
 }
 
 async function saveFile(name) {
@@ -676,25 +709,43 @@ function record(on) {
 
 // ------------------------------------------------------------------ resize
 
-// The session's display follows the controlling viewer's picture area, in device pixels,
-// asked for once the window stops changing (the service keeps it within its limit)
+// The session's display follows the controlling viewer's picture area (the video's
+// container, whatever changed it: the window, the page's layout), in device pixels, asked
+// for once it stops changing (the service keeps it within its limit). A session starts at
+// the size it was started with: what the area was until this viewer could drive the
+// session is where it starts following from, not a change.
 const RESIZE_SETTLE_MS = 250;
 let resizeTimer = null;
+let areaFollowed = null;  // the picture area the display was last asked to take, "WxH"
 
-function askResize() {
-  if (!inputAllowed()) return false;
+function pictureArea() {
   const stage = $("stage");
   const scale = window.devicePixelRatio || 1;
   const w = Math.max(64, Math.floor((stage.clientWidth * scale) / 2) * 2);
   const h = Math.max(64, Math.floor((stage.clientHeight * scale) / 2) * 2);
-  tessera.askedSize = [w, h];
-  return send({ t: "resize", w, h });
+  return [w, h];
 }
 
-window.addEventListener("resize", () => {
+function askResize() {
+  if (!inputAllowed()) return false;
+  const [w, h] = pictureArea();
+  areaFollowed = `${w}x${h}`;
+  tessera.askedSize = [w, h];
+  if (!send({ t: "resize", w, h })) return false;
+  tessera.resizesSent += 1;
+  return true;
+}
+
+new ResizeObserver(() => {
   clearTimeout(resizeTimer);
-  resizeTimer = setTimeout(askResize, RESIZE_SETTLE_MS);
-});
+  if (!inputAllowed()) {
+    areaFollowed = pictureArea().join("x");
+    return;
+  }
+  resizeTimer = setTimeout(() => {
+    if (pictureArea().join("x") !== areaFollowed) askResize();
+  }, RESIZE_SETTLE_MS);
+}).observe($("stage"));
 
 window.addEventListener("paste", (event) => {
   if (!inputAllowed() || typingInForm(event) || !event.clipboardData) return;
@@ -956,7 +1007,8 @@ $("lock").addEventListener("click", () => {
 window.addEventListener("pagehide", () => {
   if (!tessera.viewerId || !tessera.sessionId) return;
   const path = `/api/streams/sessions/${encodeURIComponent(tessera.sessionId)}/viewers/${encodeURIComponent(tessera.viewerId)}`;
-  fetch(api + path, { method: "DELETE", headers: auth, keepalive: true, credentials: "same-origin" }).catch(() => {});
+  // the page is going: a failure has nowhere to show but the console (as unhandled)
+  call("DELETE", path, undefined, { keepalive: true });
 });
 
 if (tessera.sessionId) {

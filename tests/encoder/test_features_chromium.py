@@ -284,8 +284,10 @@ def test_files_go_into_and_out_of_the_sessions_home_for_its_controller_only(
     assert names == ["from-app.txt", "notes ü.txt"]
     got = page.evaluate("tessera.download('from-app.txt').then((blob) => blob.text())")
     assert got == "made in the sandbox"
-    refused = page.evaluate("tessera.download('leak').then(() => 'served', (e) => e.message)")
-    assert "404" in refused
+    refused = page.evaluate(
+        "tessera.download('leak').then(() => 'served', (e) => [e.status, e.message])"
+    )
+    assert refused == [404, "no file 'leak' in the session's home folder"]
     # over the limit (1 MiB here): refused, and nothing is left behind
     too_big = page.evaluate(
         "tessera.uploadFile(new File([new Uint8Array((1 << 20) + 1)], 'big.bin'))"

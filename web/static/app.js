@@ -1,34 +1,19 @@
 // Tessera web UI: what every page shares (API calls, the top bar, the current project, formats).
+import { ApiError, request } from "./request.js";
 
-/** An error answered by the API: {"error": {"code", "message", ...}}. */
-export class ApiError extends Error {
-  constructor(status, body) {
-    const err = (body && body.error) || {};
-    super(err.message || `request failed with HTTP ${status}`);
-    this.status = status;
-    this.code = err.code || "http_" + status;
-    this.fields = err;
-  }
-}
+export { ApiError };
 
 /** Call the API with the session cookie; JSON in and out. A 401 goes to the login page. */
-export async function api(path, { method = "GET", json, body, headers = {}, redirect401 = true } = {}) {
-  const init = { method, credentials: "same-origin", headers: { Accept: "application/json", ...headers } };
-  if (json !== undefined) {
-    init.body = JSON.stringify(json);
-    init.headers["Content-Type"] = "application/json";
-  } else if (body !== undefined) {
-    init.body = body;
+export async function api(path, { redirect401 = true, ...options } = {}) {
+  try {
+    return await request(path, options);
+  } catch (e) {
+    if (e.status === 401 && redirect401) {
+      goLogin();
+      throw new ApiError(401, { error: { code: "unauthorized", message: "Please sign in." } });
+    }
+    throw e;
   }
-  const resp = await fetch(path, init);
-  if (resp.status === 401 && redirect401) {
-    goLogin();
-    throw new ApiError(401, { error: { code: "unauthorized", message: "Please sign in." } });
-  }
-  const type = resp.headers.get("Content-Type") || "";
-  const data = type.includes("json") ? await resp.json().catch(() => null) : null;
-  if (!resp.ok) throw new ApiError(resp.status, data);
-  return data;
 }
 
 export function goLogin() {
@@ -158,10 +143,14 @@ export async function startPage(active, onProject) {
     localStorage.setItem(PROJECT_KEY, project);
     if (onProject) onProject(project);
   });
-  const logout = el("button", { class: "small", id: "logout", onclick: async () => {
-    await api("/api/logout", { method: "POST", redirect401: false }).catch(() => null);
+  const logout = el("button", { class: "small", id: "logout", onclick: () => withButton(logout, async () => {
+    try {
+      await api("/api/logout", { method: "POST", redirect401: false });
+    } catch (e) {
+      if (e.status !== 401) throw e; // 401: signed out already, as good as signing out now
+    }
     location.assign("/login");
-  } }, "Sign out");
+  }) }, "Sign out");
   const links = [["jobs", "/", "Jobs"], ["upload", "/upload", "New render"], ["streams", "/streams", "Streams"]];
   const bar = el("header", { class: "topbar" },
     logo(),

@@ -13,6 +13,7 @@ let source = null;
 let clock = null;
 let lastEventId = ""; // the newest event seen: a new stream goes on from there
 let canEdit = true; // a viewer of the job's project follows it but changes nothing
+let filesError = null; // why the frame files could not be listed, until they can
 
 function parseGrid(text) {
   const m = /^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$/.exec(String(text || "1x1"));
@@ -88,19 +89,23 @@ function showFiles(list) {
 }
 
 async function loadFiles() {
+  let data;
   try {
-    const data = await api(base + "/frames");
-    showFiles(data.frames);
-    // the animation's MP4 preview, delivered with its last frame
-    const mp4 = (data.files || []).find((f) => f.name === "preview.mp4");
-    const link = $("#preview-mp4");
-    if (mp4 && link) {
-      link.href = mp4.url;
-      link.title = `H.264 preview of every frame · ${fmtBytes(mp4.size)}`;
-      link.hidden = false;
-    }
+    data = await api(base + "/frames"); // no frame delivered yet: an empty list, not an error
   } catch (e) {
-    /* no frames yet */
+    filesError = e.message || String(e);
+    drawNotes();
+    return;
+  }
+  if (filesError) { filesError = null; drawNotes(); }
+  showFiles(data.frames);
+  // the animation's MP4 preview, delivered with its last frame
+  const mp4 = (data.files || []).find((f) => f.name === "preview.mp4");
+  const link = $("#preview-mp4");
+  if (mp4 && link) {
+    link.href = mp4.url;
+    link.title = `H.264 preview of every frame · ${fmtBytes(mp4.size)}`;
+    link.hidden = false;
   }
 }
 
@@ -197,6 +202,9 @@ function drawNotes() {
       "This file wanted to run Python (auto-run scripts or drivers); it rendered with scripts off."));
   }
   for (const w of job.warnings || []) notes.push(el("div", { class: "callout warn" }, w));
+  if (filesError) {
+    notes.push(el("div", { class: "callout bad", id: "files-error" }, el("strong", {}, "Cannot list the frame files"), filesError));
+  }
   $("#notes").replaceChildren(...notes);
 }
 
@@ -206,17 +214,12 @@ function eventKey(ev) {
   return ev.id || [ev.ts, ev.type, ev.state, ev.frame, ev.tile, ev.attempt, ev.message].join("|");
 }
 
-function describe(ev) {
-  const where = ev.frame !== undefined && ev.frame !== null ? `frame ${ev.frame}` + (ev.tile !== undefined && ev.tile !== null ? ` tile ${ev.tile}` : "") : "";
-  const attempt = ev.attempt ? ` (attempt ${ev.attempt})` : "";
-  switch (ev.type) {
-    case "job_state": return `job ${ev.state}${ev.message ? ": " + ev.message : ""}`;
-    case "tile_state": return `${where} ${ev.state}${attempt}${ev.message ? ": " + ev.message : ""}`;
-    case "frame_done": return `${where} done${ev.message ? ": " + ev.message : ""}`;
-    case "warning": return `warning: ${ev.message}`;
-    default: return [ev.type, where, ev.state, ev.message].filter(Boolean).join(" ");
-  }
+function where(ev) {
+  if (ev.frame === undefined || ev.frame === null) return "";
+  return `frame ${ev.frame}` + (ev.tile !== undefined && ev.tile !== null ? ` tile ${ev.tile}` : "");
 }
+
+const said = (ev) => (ev.message ? ": " + ev.message : "");
 
 function logLine(ts, text, level) {
   const log = $("#log");
@@ -225,21 +228,12 @@ function logLine(ts, text, level) {
   if (stick) log.scrollTop = log.scrollHeight;
 }
 
-function levelOf(ev) {
-  if (ev.level) return { error: "err", warning: "warn" }[ev.level] || "";
-  if (ev.state === "failed" || ev.type === "error") return "err";
-  if (ev.type === "warning") return "warn";
-  if (ev.type === "frame_done" || (ev.type === "job_state" && ev.state === "done")) return "ok";
-  return "";
-}
-
-function logEvent(ev) {
+function logEvent(ev, kind) {
   const key = eventKey(ev);
   if (seen.has(key)) return;
   seen.add(key);
-  // tiles starting are on the grid; the log keeps finished, failed and requeued tiles
-  if (ev.type === "tile_state" && ev.state === "rendering" && !ev.message) return;
-  logLine(ev.ts, describe(ev), levelOf(ev));
+  const line = kind.log(ev);
+  if (line) logLine(ev.ts, line, kind.level(ev));
 }
 
 // --- live events -----------------------------------------------------------------------------------
@@ -249,25 +243,66 @@ function setLive(on, text) {
   $("#live span").textContent = text;
 }
 
-function onEvent(ev) {
-  if (ev.type === "tile_state" && ev.frame !== null && ev.frame !== undefined) {
-    setTile(ev.frame, ev.tile, ev.state);
-    const fr = frames.get(ev.frame);
-    if (fr && fr.state !== "done") {
+/**
+ * Every kind of event the job's stream sends (farm/models.py Event.type), and what the page does
+ * with it: `apply` to the grid and the job, `log` (the log line, or "" for none) and its `level`.
+ */
+const EVENTS = Object.freeze({
+  job_state: {
+    apply(ev) {
+      job.state = ev.state;
+      if (ev.message && ev.state === "failed") job.reason = ev.message;
+      if (FINAL.has(ev.state)) finish();
+    },
+    log: (ev) => `job ${ev.state}${said(ev)}`,
+    level: (ev) => (ev.state === "failed" ? "err" : ev.state === "done" ? "ok" : ""),
+  },
+  tile_state: {
+    apply(ev) {
+      if (ev.frame === null || ev.frame === undefined) return;
+      setTile(ev.frame, ev.tile, ev.state);
+      const fr = frames.get(ev.frame);
+      if (!fr || fr.state === "done") return;
       if (ev.state === "failed") setFrameState(ev.frame, "failed");
       else if (ev.state === "rendering" || ev.state === "queued") {
         setFrameState(ev.frame, fr.tiles.includes("failed") ? "failed" : ev.state === "rendering" || fr.tiles.includes("done") ? "rendering" : "queued");
       }
-    }
-  } else if (ev.type === "frame_done") {
-    setFrameState(ev.frame, "done");
-    loadFiles();
-  } else if (ev.type === "job_state") {
-    job.state = ev.state;
-    if (ev.message && ev.state === "failed") job.reason = ev.message;
-    if (FINAL.has(ev.state)) finish();
-  }
-  logEvent(ev);
+    },
+    // tiles starting are on the grid; the log keeps finished, failed and requeued tiles
+    log: (ev) => (ev.state === "rendering" && !ev.message ? "" : `${where(ev)} ${ev.state}${ev.attempt ? ` (attempt ${ev.attempt})` : ""}${said(ev)}`),
+    level: (ev) => (ev.state === "failed" ? "err" : ""),
+  },
+  frame_done: {
+    apply(ev) {
+      setFrameState(ev.frame, "done");
+      loadFiles();
+    },
+    log: (ev) => `${where(ev)} done${said(ev)}`,
+    level: () => "ok",
+  },
+  warning: {
+    apply() {},
+    log: (ev) => `warning: ${ev.message}`,
+    level: () => "warn",
+  },
+});
+
+// A kind this page does not know (a newer server): logged as it came, and said once in the console
+const warned = new Set();
+const UNKNOWN = {
+  apply(ev) {
+    if (warned.has(ev.type)) return;
+    warned.add(ev.type);
+    console.warn(`job page: event kind ${JSON.stringify(ev.type)} is not one it handles`, ev);
+  },
+  log: (ev) => [ev.type, where(ev), ev.state, ev.message].filter(Boolean).join(" "),
+  level: () => "",
+};
+
+function onEvent(ev) {
+  const kind = Object.hasOwn(EVENTS, ev.type) ? EVENTS[ev.type] : UNKNOWN;
+  kind.apply(ev);
+  logEvent(ev, kind);
   scheduleDraw();
 }
 
@@ -288,12 +323,16 @@ function connect() {
   source.onopen = () => setLive(true, "live");
   source.onmessage = (msg) => {
     let ev;
-    try { ev = JSON.parse(msg.data); } catch (e) { return; }
+    try {
+      ev = JSON.parse(msg.data);
+    } catch (e) {
+      logLine(Date.now() / 1000, `an event the page cannot read (${e.message}): ${msg.data.slice(0, 200)}`, "err");
+      return;
+    }
     if (!ev.id && msg.lastEventId) ev.id = msg.lastEventId;
     if (ev.id) lastEventId = ev.id;
     onEvent(ev);
   };
-  source.addEventListener("end", () => finish());
   source.onerror = () => {
     // the server ends the stream when the job ends; otherwise EventSource reconnects by itself
     // (sending Last-Event-ID, so nothing is replayed twice)
@@ -313,7 +352,10 @@ async function finish() {
       (info.tiles || []).forEach((s, i) => setTile(Number(n), i, s));
       if (info.state) setFrameState(Number(n), info.state);
     }
-  } catch (e) { /* keep what we have */ }
+  } catch (e) {
+    // the page keeps what the events showed; the user is told it may be behind
+    toast(`Cannot reload the finished job: ${e.message}`, "bad");
+  }
   if (job.state === "canceled") {
     // what was still queued or rendering will not finish: show it as canceled, not busy
     for (const [n, fr] of frames) {

@@ -7,13 +7,8 @@ function nextPath() {
   const next = new URLSearchParams(location.search).get("next") || "/";
   // only a path on this site: "/\\host", "/%09/host" and the like resolve to another
   // origin, so resolve it as the browser would and keep it only if it stays here
-  if (!next.startsWith("/")) return "/";
-  let url;
-  try {
-    url = new URL(next, location.origin);
-  } catch {
-    return "/";
-  }
+  if (!next.startsWith("/") || !URL.canParse(next, location.origin)) return "/";
+  const url = new URL(next, location.origin);
   // a path that still starts with "//" ("/.//host") would leave the site when assigned
   if (url.origin !== location.origin || url.pathname.startsWith("//")) return "/";
   return url.pathname + url.search + url.hash;

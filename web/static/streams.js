@@ -67,6 +67,7 @@ async function loadApps() {
   } catch (e) {
     $("#apps").replaceChildren();
     $("#apps-empty").hidden = false;
+    $("#apps-note").textContent = e.message; // 503: which service is missing or did not answer
     if (e.status !== 503) toast(e.message, "bad");
   }
 }

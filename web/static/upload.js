@@ -247,6 +247,7 @@ async function loadUploads() {
   try {
     data = await api("/api/uploads?project=" + encodeURIComponent(page.project()));
   } catch (e) {
+    toast(`Cannot list the recent uploads: ${e.message}`, "bad");
     return;
   }
   const ups = (data.uploads || []).sort((a, b) => Number(b.created || 0) - Number(a.created || 0)).slice(0, 12);
