@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm.errors import BadParameter, FarmError, JobCanceled
-from farm.models import DEFAULT_FORMATS
-from farm.settings import DEVICE_KINDS, Settings
+from farm.errors import BadParameter, Conflict, FarmError
+from farm.models import JOB_OPTIONS, JobOption
+from farm.settings import DEVICE_KINDS, ENV, Settings
 from farm.terminal import safe
 
 # Each command imports what it needs when it runs: `farm worker` starts its Blender child
@@ -24,64 +24,38 @@ if TYPE_CHECKING:
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
+    """The blend file, and a flag for each job option of ``JOB_OPTIONS`` (the fields the web
+    API takes, with the same defaults and bounds)."""
     p.add_argument("blend", type=Path, help="the .blend file to render")
-    p.add_argument(
-        "--frames", help="frames to render, e.g. 1-10,20,30-40x2 (default: the scene's range)"
-    )
-    p.add_argument("--tiles", default="2x2", help="tile grid per frame, COLSxROWS (default 2x2)")
-    p.add_argument("--samples", type=int, help="Cycles samples per pixel (default: as saved)")
-    p.add_argument("--resolution", help="WIDTHxHEIGHT in pixels (default: as saved)")
-    p.add_argument(
-        "--formats",
-        default=",".join(DEFAULT_FORMATS),
-        help="output formats: exr, png, png16, jpeg (default exr,png)",
-    )
-    p.add_argument("--device", choices=DEVICE_KINDS, default="cpu", help="render on cpu or gpu")
-    p.add_argument(
-        "--overlap",
-        type=int,
-        dest="overlap_px",
-        help="tile overlap in pixels (default 16 when the scene samples adaptively)",
-    )
-    p.add_argument(
-        "--allow-missing",
-        action="store_true",
-        help="render even though external files are missing (they render magenta)",
-    )
-    p.add_argument("--max-attempts", type=int, help="attempts per tile before the job fails")
-    p.add_argument(
-        "--denoise",
-        action="store_true",
-        help="denoise each frame once after stitching or merging (OpenImageDenoise)",
-    )
-    p.add_argument(
-        "--mode",
-        choices=("tiles", "sample-split"),
-        default="tiles",
-        help="split a frame into tiles, or (stills) its samples between workers (default tiles)",
-    )
-    p.add_argument("--split", type=int, default=2, help="parts of a sample split (default 2)")
-    p.add_argument(
-        "--passes",
-        action="store_true",
-        help="the EXR holds every view-layer pass and Cryptomatte (multilayer)",
-    )
-    p.add_argument(
-        "--backend",
-        help="Cycles GPU backend: OPTIX, CUDA, HIP, ONEAPI, METAL (default: the worker's best)",
-    )
-    p.add_argument(
-        "--allow-cpu-fallback",
-        action="store_true",
-        help="a tile whose GPU or backend is unusable renders on the CPU instead of failing",
-    )
-    p.add_argument(
-        "--no-preview",
-        dest="preview",
-        action="store_false",
-        help="no MP4 preview of an animation",
-    )
+    for option in JOB_OPTIONS.values():
+        if bool in option.types:
+            # off by default: the flag turns it on; on by default: --no-... turns it off
+            on = bool(option.default)
+            p.add_argument(
+                option.cli_flag,
+                dest=option.name,
+                action="store_false" if on else "store_true",
+                help=f"do not {option.help}" if on else option.help,
+            )
+            continue
+        shown = option.help
+        if option.setting:
+            shown += f" (default: {ENV[option.setting][0]}, else {option.default})"
+        elif option.default is not None:
+            shown += f" (default {option.default})"
+        metavar = option.cli_flag.removeprefix("--").replace("-", "_").upper()
+        p.add_argument(
+            option.cli_flag, dest=option.name, type=_flag_type(option), metavar=metavar, help=shown
+        )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def _flag_type(option: JobOption) -> type:
+    if float in option.types:
+        return float
+    if int in option.types and str not in option.types:
+        return int
+    return str
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,26 +178,8 @@ def _request(
 ) -> submission.RenderRequest:
     from farm import submission
 
-    return submission.RenderRequest(
-        output=output,
-        frames=args.frames,
-        tiles=args.tiles,
-        samples=args.samples,
-        resolution=args.resolution,
-        formats=args.formats,
-        device=args.device,
-        overlap_px=args.overlap_px,
-        allow_missing=args.allow_missing,
-        max_attempts=args.max_attempts or settings.max_attempts,
-        tile_timeout_s=settings.tile_timeout_s,
-        denoise=args.denoise,
-        mode=args.mode.replace("-", "_"),
-        split_parts=args.split,
-        passes=args.passes,
-        backend=args.backend,
-        allow_cpu_fallback=args.allow_cpu_fallback,
-        preview=args.preview,
-    )
+    values = {name: getattr(args, name) for name in JOB_OPTIONS}
+    return submission.request_from(values, output, settings)
 
 
 def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -256,32 +212,28 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
 
 def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
-    from farm import delivery, jobstore, queue, submission
+    from farm import jobstore, queue, submission
+    from farm.accept import accept
     from farm.blendfile import check_blend
     from farm.storage.factory import farm_storage
 
     req = _request(args, settings, args.output)
+    # refused before the file is stored
     submission.check_request(req)
     check_blend(args.blend)
     storage = farm_storage(settings)
     source = storage.put_upload(args.blend)
     storage.close()
-    rq_conn = queue.connect(settings.redis_url)
-    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
-    render_queue = queue.RenderQueue(rq_conn, req.device)
-    report = submission.inspect(
-        store.conn, render_queue, source, settings.inspect_timeout_s, project=req.project
-    )
-    spec, warnings = submission.plan_job(req, report, source)
-    delivery.check_output(spec, settings)
-    job_id = submission.submit(rq_conn, store, render_queue, spec, warnings, report.autoexec_fail)
-    for w in warnings:
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
+    render_queue = queue.RenderQueue(queue.connect(settings.redis_url), req.device)
+    accepted = accept(settings, store, render_queue, req, source)
+    for w in accepted.warnings:
         print(f"farm: warning: {safe(w)}", file=sys.stderr)
     if args.wait:
-        _watch(store, job_id)
+        _watch(store, accepted.job_id)
     if args.json:
-        return store.status(job_id).to_dict()
-    print(job_id)
+        return store.status(accepted.job_id).to_dict()
+    print(accepted.job_id)
     return None
 
 
@@ -347,7 +299,13 @@ def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     if outcome != "ok":
         state = outcome.removeprefix("job_")
         if state != JobState.CANCELED.value:
-            raise JobCanceled(f"job {args.job} had already ended: {state}")
+            # a finished job is a conflict with the request, not a Ctrl-C (JobCanceled, 130)
+            raise Conflict(
+                f"job {args.job} has already ended: {state}; only a queued or running job can "
+                "be canceled",
+                job_id=args.job,
+                state=state,
+            )
     if args.json:
         return store.status(args.job).to_dict()
     print(f"job {args.job} canceled", file=sys.stderr)

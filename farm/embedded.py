@@ -16,7 +16,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from farm import delivery, jobstore, lifetime, queue, submission
+from farm import jobstore, lifetime, queue, submission
+from farm.accept import accept
 from farm.blendfile import check_blend
 from farm.errors import JobCanceled, JobFailed, QueueError, SetupError
 from farm.models import BlendSource, InspectionReport, JobStatus
@@ -185,22 +186,19 @@ def _run(
     stream: TextIO,
     t0: float,
 ) -> RenderOutcome:
-    rq_conn = queue.connect(settings.redis_url)
-    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
-    render_queue = queue.RenderQueue(rq_conn, settings.device)
-    report = submission.inspect(
-        store.conn,
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
+    render_queue = queue.RenderQueue(queue.connect(settings.redis_url), settings.device)
+    accepted = accept(
+        settings,
+        store,
         render_queue,
+        req,
         source,
-        settings.inspect_timeout_s + STARTUP_S,
+        # the workers start meanwhile
+        inspect_timeout_s=settings.inspect_timeout_s + STARTUP_S,
         on_wait=lambda: pool.check(lambda line: print(line, file=stream)),
-        project=req.project,
     )
-    spec, warnings = submission.plan_job(req, report, source)
-    delivery.check_output(spec, settings)
-    job_id = submission.submit(
-        rq_conn, store, render_queue, spec, warnings, scripts_blocked=report.autoexec_fail
-    )
+    job_id, spec, warnings = accepted.job_id, accepted.spec, accepted.warnings
     bar = ProgressBar(stream, len(spec.frames) * spec.tasks_per_frame, len(spec.frames))
     for w in warnings:
         bar.note(f"warning: {w}")
@@ -212,7 +210,7 @@ def _run(
         raise JobCanceled(
             f"job {job_id} canceled; nothing was delivered after the cancel"
         ) from None
-    return RenderOutcome(status, report, warnings, time.monotonic() - t0, pool.restarts)
+    return RenderOutcome(status, accepted.report, warnings, time.monotonic() - t0, pool.restarts)
 
 
 def watch(

@@ -5,17 +5,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from farm import jobscripts, keys, redisclient
-from farm.errors import NotFound
+from farm.errors import Conflict, NotFound
 from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
 from farm.redisclient import Redis, guard
+from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState, TileState
 
-#: how long after its last renewal a rendering tile counts as abandoned
-TILE_LEASE_S = 30.0
 #: how long an assembler may hold a frame before another may take it over
 ASSEMBLY_LEASE_S = 120.0
 
@@ -50,13 +49,14 @@ class JobStore:
     def __init__(
         self,
         conn: Redis,
-        tile_lease_s: float = TILE_LEASE_S,
+        tile_lease_s: float = Settings.lease_ttl_s,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.conn = conn
         #: epoch seconds (the scale simulator drives its own)
         self.clock = clock
-        #: a rendering tile not renewed for this long is requeued by the recovery sweep
+        #: a rendering tile not renewed for this long is requeued by the recovery sweep: the
+        #: farm's lease TTL (FARM_LEASE_TTL_S), as for the tile's device lease
         self.tile_lease_s = tile_lease_s
         self._start = conn.register_script(jobscripts.START_TILE)
         self._touch = conn.register_script(jobscripts.TOUCH_TILE)
@@ -80,7 +80,7 @@ class JobStore:
         """Queue the commands that create a job into ``pipe`` (a MULTI pipeline); returns its tiles.
 
         The caller adds the queue pushes to the same pipeline, so a job exists exactly when its
-        tiles are queued.
+        tiles are queued, and is in its project's index (the web's list) exactly when it exists.
         """
         # tiles of the grid, or parts of a sample split: the same tasks either way
         per_frame = spec.tasks_per_frame
@@ -109,9 +109,37 @@ class JobStore:
             tile_fields[t.key + ":a"] = 1
         pipe.hset(keys.tiles(job_id), mapping=tile_fields)
         pipe.zadd(keys.JOBS, {job_id: now})
+        pipe.zadd(keys.project_jobs(spec.project), {job_id: now})
         event = Event("job_state", job_id, now, state=JobState.QUEUED.value)
         pipe.xadd(keys.events(job_id), event.to_fields())
         return tasks
+
+    # --- changing a job's record ---------------------------------------------------------------
+
+    def mark_scripts_blocked(self, job_id: str) -> None:
+        """The file wanted to run Python while a tile rendered, and was not allowed to."""
+        self._call(self.conn.hset, keys.job(job_id), "scripts_blocked", 1)
+
+    def set_priority(self, job_id: str, priority: int) -> JobSpec:
+        """Change the priority in a job's spec (its waiting tiles move with
+        ``RenderQueue.set_priority``); Conflict once the job has ended, NotFound without it."""
+        key = keys.job(job_id)
+
+        def update(pipe: Any) -> JobSpec:
+            state, text = pipe.hmget(key, "state", "spec")
+            if text is None:
+                raise NotFound(f"no job {job_id!r}", job_id=job_id)
+            if JobState(state) in JOB_FINAL:
+                raise Conflict(
+                    f"job {job_id} has ended ({state}); its priority is fixed", state=state
+                )
+            spec = replace(JobSpec.from_json(text), priority=priority)
+            pipe.multi()
+            pipe.hset(key, "spec", spec.to_json())
+            return spec
+
+        spec: JobSpec = self._call(self.conn.transaction, update, key, value_from_callable=True)
+        return spec
 
     # --- reading --------------------------------------------------------------------------
 
@@ -149,6 +177,18 @@ class JobStore:
     def tile_states(self, job_id: str) -> dict[str, TileState]:
         raw = self._call(self.conn.hgetall, keys.tiles(job_id))
         return {k: TileState(v) for k, v in raw.items() if k.count(":") == 1}
+
+    def created_s(self, job_id: str) -> float:
+        value = self._call(self.conn.hget, keys.job(job_id), "created_s")
+        if value is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        return float(value)
+
+    def project_job_ids(self, project: str, limit: int = 100) -> list[tuple[str, float]]:
+        """The project's latest jobs, newest first: (job id, created epoch s)."""
+        rows = self._call(self.conn.zrevrange, keys.project_jobs(project), 0, limit - 1,
+                          withscores=True)  # fmt: skip
+        return [(str(job_id), float(created)) for job_id, created in rows]
 
     def job_ids(self, limit: int = 50) -> list[str]:
         ids: list[str] = self._call(self.conn.zrevrange, keys.JOBS, 0, limit - 1)

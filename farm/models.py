@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from farm.errors import BadParameter
+from farm.settings import Settings
 from farm.tiling import TileGrid
 
 SCHEMA_VERSION = 1
@@ -47,6 +48,110 @@ MIN_TILE_TIMEOUT_S = 0.1
 #: characters, slashes or markup: names are printed in terminals and pages)
 MAX_NAME_CHARS = 128
 JOB_NAME_RE = re.compile(rf"[\w .,+()#@&'-]{{1,{MAX_NAME_CHARS}}}")
+#: a job's priority, either way of 0 (its default): waiting tiles of higher ones go first
+MAX_PRIORITY = 1000
+#: the widest tile overlap a request may ask for, in pixels
+MAX_OVERLAP_PX = 1024
+#: the most workers one still is sample-split between
+MAX_SPLIT_PARTS = 64
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One option of a render job a client sets: a field of the API's job body and a flag of
+    `farm submit` and `farm render`, with its default and, for a number, its bounds."""
+
+    name: str
+    #: the JSON types the API takes for it
+    types: tuple[type, ...]
+    help: str
+    #: its value when not given (None: as saved in the file, or chosen by the farm)
+    default: Any = None
+    #: the farm setting (FARM_*) whose value stands in when the client gives none
+    setting: str = ""
+    #: the CLI's flag, where it is not ``--`` and the name with dashes
+    flag: str = ""
+    #: inclusive bounds of a number; ``label`` and ``unit`` are how a message names it
+    low: float | None = None
+    high: float | None = None
+    label: str = ""
+    unit: str = ""
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> None:
+        """Refuse a number outside the bounds, the message giving them."""
+        if self.low is None or self.high is None or value is None:
+            return
+        if not self.low <= value <= self.high:
+            raise BadParameter(
+                f"{self.label or self.name} must be {_number(self.low)} to "
+                f"{_number(self.high)}{self.unit}, not {_number(value)}{self.unit}",
+                field=self.name,
+                low=self.low,
+                high=self.high,
+            )
+
+
+def _number(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+#: Every option a client may set on a job, and only those: the API's job body takes exactly
+#: these fields (plus where the file is) and the CLI exactly these flags. The one place their
+#: defaults and bounds are declared; a field added to the job elsewhere is not public until
+#: it is added here.
+JOB_OPTIONS: dict[str, JobOption] = {
+    o.name: o
+    for o in (
+        JobOption("frames", (str, int, list),
+                  "frames to render, e.g. 1-10,20,30-40x2 (default: the scene's range)"),
+        JobOption("tiles", (str,), "tile grid per frame, COLSxROWS", default="2x2"),
+        JobOption("samples", (int,), "Cycles samples per pixel (default: as saved)",
+                  low=1, high=MAX_SAMPLES, label="samples"),
+        JobOption("resolution", (str,), "WIDTHxHEIGHT in pixels (default: as saved)"),
+        JobOption("formats", (str, list), "output formats: exr, png, png16, jpeg",
+                  default=",".join(DEFAULT_FORMATS)),
+        JobOption("device", (str,), "render on cpu or gpu", default="cpu"),
+        JobOption("overlap_px", (int,), "tile overlap in pixels (default 16 when the scene "
+                  "samples adaptively)", flag="--overlap", low=0, high=MAX_OVERLAP_PX,
+                  label="tile overlap", unit=" pixels"),
+        JobOption("allow_missing", (bool,), "render even though external files are missing "
+                  "(they render magenta)", default=False),
+        JobOption("max_attempts", (int,), "attempts per tile before the job fails",
+                  default=Settings.max_attempts, setting="max_attempts", low=1,
+                  high=MAX_ATTEMPTS, label="max attempts"),
+        JobOption("tile_timeout_s", (float,), "the longest one tile may render, in seconds",
+                  default=Settings.tile_timeout_s, setting="tile_timeout_s",
+                  flag="--tile-timeout", low=MIN_TILE_TIMEOUT_S, high=MAX_TILE_TIMEOUT_S,
+                  label="tile timeout", unit=" s"),
+        JobOption("name", (str,), "the job's name (default: the file's)"),
+        JobOption("project", (str,), "the project the job belongs to", default="default"),
+        JobOption("priority", (int,), "waiting tiles of a higher priority render first",
+                  default=0, low=-MAX_PRIORITY, high=MAX_PRIORITY, label="priority"),
+        JobOption("denoise", (bool,), "denoise each frame once after stitching or merging "
+                  "(OpenImageDenoise)", default=False),
+        JobOption("mode", (str,), "tiles: split a frame into tiles; sample_split (stills): "
+                  "split its samples between workers", default=TILES),
+        JobOption("split_parts", (int,), "parts of a sample split", default=2, flag="--split",
+                  low=1, high=MAX_SPLIT_PARTS, label="a sample split", unit=" parts"),
+        JobOption("passes", (bool,), "the EXR holds every view-layer pass and Cryptomatte "
+                  "(multilayer)", default=False),
+        JobOption("backend", (str,), "Cycles GPU backend: OPTIX, CUDA, HIP, ONEAPI, METAL "
+                  "(default: the worker's best)"),
+        JobOption("allow_cpu_fallback", (bool,), "a tile whose GPU or backend is unusable "
+                  "renders on the CPU instead of failing", default=False),
+        JobOption("preview", (bool,), "deliver an MP4 preview of an animation's frames",
+                  default=True, flag="--no-preview"),
+    )
+}  # fmt: skip
+
+
+def default_of(name: str) -> Any:
+    """The default of the job option ``name`` (the one declaration of it)."""
+    return JOB_OPTIONS[name].default
 
 
 def parse_formats(text: str) -> tuple[str, ...]:
@@ -101,30 +206,31 @@ class JobSpec:
     samples: int | None = None
     overlap_px: int = 0
     formats: tuple[str, ...] = DEFAULT_FORMATS
-    device: str = "cpu"
-    max_attempts: int = 3
-    tile_timeout_s: float = 1800.0
-    priority: int = 0
+    device: str = default_of("device")
+    max_attempts: int = default_of("max_attempts")
+    tile_timeout_s: float = default_of("tile_timeout_s")
+    priority: int = default_of("priority")
     #: device memory a tile reserves, estimated at inspection (the worker applies its floor)
     vram_mib: int = 0
     #: the project the job belongs to: access, device-class policy and usage accounting
-    project: str = "default"
+    project: str = default_of("project")
     #: denoise each frame once, after stitching or merging (OIDN on noisy colour, albedo, normal)
-    denoise: bool = False
+    denoise: bool = default_of("denoise")
     #: how a frame is split: "tiles" (the grid) or "sample_split" (split_parts workers each
     #: render the whole frame with a disjoint run of the samples, merged afterwards)
-    mode: str = "tiles"
+    mode: str = default_of("mode")
+    #: 1 in tiles mode (the request's split_parts counts only for a sample split)
     split_parts: int = 1
     #: the exr output is a multilayer EXR of every view-layer pass (and Cryptomatte)
-    passes: bool = False
+    passes: bool = default_of("passes")
     #: the Cycles GPU backend asked for (OPTIX, CUDA, HIP, ONEAPI, METAL); None: the worker's best
-    backend: str | None = None
+    backend: str | None = default_of("backend")
     #: a GPU tile whose GPU or backend is unusable renders on the CPU instead of failing
-    allow_cpu_fallback: bool = False
+    allow_cpu_fallback: bool = default_of("allow_cpu_fallback")
     #: scene frame rate, for the video preview of an animation
     fps: float = 24.0
     #: deliver an H.264 MP4 of an animation's frames when they are all done
-    preview: bool = True
+    preview: bool = default_of("preview")
     #: the scene composites: tasks render every pass, PNG/JPEG are the compositor's result
     compositor: bool = False
     v: int = SCHEMA_VERSION

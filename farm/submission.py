@@ -6,12 +6,13 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farm import keys
+from farm.accounts import check_name
 from farm.delivery import output_address
 from farm.errors import (
     BadParameter,
@@ -24,65 +25,91 @@ from farm.errors import (
 from farm.frames import parse_frames
 from farm.jobstore import JobStore
 from farm.models import (
-    DEFAULT_FORMATS,
     JOB_NAME_RE,
-    MAX_ATTEMPTS,
+    JOB_OPTIONS,
     MAX_JOB_TASKS,
     MAX_NAME_CHARS,
     MAX_RESOLUTION,
-    MAX_SAMPLES,
-    MAX_TILE_TIMEOUT_S,
     MIN_TILE_PX,
-    MIN_TILE_TIMEOUT_S,
     SAMPLE_SPLIT,
     SPLIT_MODES,
-    TILES,
     BlendSource,
     InspectionReport,
     JobSpec,
+    default_of,
     parse_formats,
 )
 from farm.queue import RenderQueue
 from farm.redisclient import Redis, guard
-from farm.settings import DEVICE_KINDS, GPU_BACKENDS
+from farm.settings import DEVICE_KINDS, GPU_BACKENDS, Settings
 from farm.tiling import TileGrid, plan_tiles
 
 #: overlap used when the scene samples adaptively (pixels near a tile edge converge differently)
 ADAPTIVE_OVERLAP_PX = 16
-#: the most workers one still is sample-split between
-MAX_SPLIT_PARTS = 64
 
 
 @dataclass(frozen=True)
 class RenderRequest:
-    """What the user asked for; ``None`` means "as saved in the file"."""
+    """What the user asked for: the job options of ``farm.models.JOB_OPTIONS`` (their defaults
+    declared there) and where the frames go; ``None`` means "as saved in the file"."""
 
-    #: a folder, or a store URL (``s3://bucket/prefix``)
+    #: a folder, or a store URL (``s3://bucket/prefix``); the server's choice for web jobs
     output: Path | str
-    frames: str | None = None
-    tiles: str = "2x2"
-    samples: int | None = None
-    resolution: str | None = None
-    formats: str = ",".join(DEFAULT_FORMATS)
-    device: str = "cpu"
-    overlap_px: int | None = None
-    allow_missing: bool = False
-    max_attempts: int = 3
-    tile_timeout_s: float = 1800.0
-    name: str | None = None
-    project: str = "default"
+    frames: str | None = default_of("frames")
+    tiles: str = default_of("tiles")
+    samples: int | None = default_of("samples")
+    resolution: str | None = default_of("resolution")
+    formats: str = default_of("formats")
+    device: str = default_of("device")
+    overlap_px: int | None = default_of("overlap_px")
+    allow_missing: bool = default_of("allow_missing")
+    max_attempts: int = default_of("max_attempts")
+    tile_timeout_s: float = default_of("tile_timeout_s")
+    name: str | None = default_of("name")
+    project: str = default_of("project")
+    priority: int = default_of("priority")
     #: denoise each frame once after stitching or merging (OIDN; tiles are never denoised alone)
-    denoise: bool = False
+    denoise: bool = default_of("denoise")
     #: "tiles" or "sample_split" (see JobSpec.mode); split_parts workers for a sample split
-    mode: str = TILES
-    split_parts: int = 2
+    mode: str = default_of("mode")
+    split_parts: int = default_of("split_parts")
     #: the exr output holds every view-layer pass and Cryptomatte (multilayer)
-    passes: bool = False
+    passes: bool = default_of("passes")
     #: Cycles GPU backend (OPTIX, CUDA, HIP, ONEAPI, METAL); None lets the worker pick
-    backend: str | None = None
-    allow_cpu_fallback: bool = False
+    backend: str | None = default_of("backend")
+    allow_cpu_fallback: bool = default_of("allow_cpu_fallback")
     #: an MP4 of an animation's frames is delivered next to them
-    preview: bool = True
+    preview: bool = default_of("preview")
+
+
+def request_from(
+    values: Mapping[str, Any], output: Path | str, settings: Settings
+) -> RenderRequest:
+    """The request of the job options in ``values`` (an API body's fields, the CLI's flags;
+    None: not given), each option not given at its default or the farm's setting.
+
+    Only the options of ``JOB_OPTIONS`` are taken: anything else is refused by name."""
+    unknown = sorted(set(values) - set(JOB_OPTIONS))
+    if unknown:
+        raise BadParameter(
+            f"unknown job option(s): {', '.join(unknown)}; known: {', '.join(JOB_OPTIONS)}",
+            fields=unknown,
+        )
+    fields: dict[str, Any] = {}
+    for name, option in JOB_OPTIONS.items():
+        value = values.get(name)
+        if value is None:
+            value = getattr(settings, option.setting) if option.setting else option.default
+        elif isinstance(value, list):
+            if not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in value):
+                raise BadParameter(f"field {name!r} must list strings or integers", field=name)
+            value = ",".join(str(i) for i in value)
+        elif name == "frames" and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        fields[name] = value
+    # the CLI spells it sample-split, the API sample_split
+    fields["mode"] = str(fields["mode"]).replace("-", "_")
+    return RenderRequest(output=output, **fields)
 
 
 def parse_resolution(text: str) -> tuple[int, int]:
@@ -100,11 +127,11 @@ def parse_resolution(text: str) -> tuple[int, int]:
 
 def check_request(req: RenderRequest) -> None:
     """Every check that needs no Blender: run before anything is started or queued."""
+    for option in JOB_OPTIONS.values():
+        option.check(getattr(req, option.name))
     if req.frames is not None:
         parse_frames(req.frames)
     TileGrid.parse(req.tiles)
-    if req.samples is not None and not 1 <= req.samples <= MAX_SAMPLES:
-        raise BadParameter(f"samples must be 1 to {MAX_SAMPLES}, not {req.samples}")
     if req.resolution is not None:
         width, height = parse_resolution(req.resolution)
         plan_tiles(width, height, TileGrid.parse(req.tiles))
@@ -113,17 +140,9 @@ def check_request(req: RenderRequest) -> None:
     parse_formats(req.formats)
     if req.device not in DEVICE_KINDS:
         raise BadParameter(f"device {req.device!r} is not one of {', '.join(DEVICE_KINDS)}")
-    if req.overlap_px is not None and not 0 <= req.overlap_px <= 1024:
-        raise BadParameter(f"tile overlap must be 0 to 1024 pixels, not {req.overlap_px}")
-    if not 1 <= req.max_attempts <= MAX_ATTEMPTS:
-        raise BadParameter(f"max attempts must be 1 to {MAX_ATTEMPTS}, not {req.max_attempts}")
-    if not MIN_TILE_TIMEOUT_S <= req.tile_timeout_s <= MAX_TILE_TIMEOUT_S:
-        raise BadParameter(
-            f"tile timeout must be {MIN_TILE_TIMEOUT_S:g} to {MAX_TILE_TIMEOUT_S:.0f} s, "
-            f"not {req.tile_timeout_s:g}"
-        )
     if req.name is not None:
         check_job_name(req.name)
+    check_name("project", req.project)
     _check_modes(req)
 
 
@@ -173,10 +192,6 @@ def _check_modes(req: RenderRequest) -> None:
     if req.mode not in SPLIT_MODES:
         raise BadParameter(f"mode {req.mode!r} is not one of {', '.join(SPLIT_MODES)}")
     if req.mode == SAMPLE_SPLIT:
-        if not 1 <= req.split_parts <= MAX_SPLIT_PARTS:
-            raise BadParameter(
-                f"a sample split needs 1 to {MAX_SPLIT_PARTS} parts, not {req.split_parts}"
-            )
         if req.frames is not None and len(parse_frames(req.frames)) != 1:
             raise BadParameter("sample split is for stills: give one frame (--frames N)")
         if req.samples is not None and req.samples < req.split_parts:
@@ -280,6 +295,7 @@ def plan_job(
         device=req.device,
         max_attempts=req.max_attempts,
         tile_timeout_s=req.tile_timeout_s,
+        priority=req.priority,
         vram_mib=report.vram_estimate_mib,
         project=req.project,
         denoise=req.denoise,
@@ -345,7 +361,8 @@ def submit(
     warnings: list[str],
     scripts_blocked: bool,
 ) -> str:
-    """Create the job and queue all its tiles in one transaction; returns the job id."""
+    """Create the job, its tiles, its place in its project's index and its priority's band of
+    the queue in one transaction (MULTI/EXEC); returns the job id. Clients call ``accept``."""
     job_id = store.new_job_id()
     with rq_conn.pipeline(transaction=True) as pipe:
         tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)

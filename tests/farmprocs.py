@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from farm import jobstore, queue, submission
+from farm.accept import accept
 from farm.models import Event
 from farm.settings import Settings
 from farm.storage.local import LocalStorage
@@ -82,15 +83,13 @@ class WorkerProcess:
 def submit(
     settings: Settings, blend: Path, tmp: Path, **kw: object
 ) -> tuple[jobstore.JobStore, str]:
-    """Upload, inspect (a worker must be running) and queue a job, as `farm submit` does."""
-    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
-    rq_conn = queue.connect(settings.redis_url)
-    q = queue.RenderQueue(rq_conn, "cpu")
+    """Upload, inspect (a worker must be running) and queue a job through ``accept``, as
+    `farm submit` does."""
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
+    q = queue.RenderQueue(queue.connect(settings.redis_url), "cpu")
     source = LocalStorage(settings.storage_dir).put_upload(blend)
     req = submission.RenderRequest(output=tmp / "o", formats="exr", **kw)  # type: ignore[arg-type]
-    report = submission.inspect(store.conn, q, source, 120, project=req.project)
-    spec, warnings = submission.plan_job(req, report, source)
-    return store, submission.submit(rq_conn, store, q, spec, warnings, False)
+    return store, accept(settings, store, q, req, source, inspect_timeout_s=120).job_id
 
 
 def wait_for(

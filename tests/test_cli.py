@@ -73,6 +73,10 @@ def test_truncated_blend_file(tmp_path: Path, scene: Path) -> None:
         (["--resolution", "100000x10"], ["resolution"]),
         (["--formats", "gif"], ["gif"]),
         (["--workers", "0"], ["--workers"]),
+        (["--priority", "5000"], ["priority must be -1000 to 1000, not 5000"]),
+        (["--max-attempts", "11"], ["max attempts must be 1 to 10"]),
+        (["--tile-timeout", "0"], ["tile timeout must be 0.1 to 604800 s"]),
+        (["--project", "../x"], ["project name"]),
     ],
 )
 def test_absurd_parameters_are_refused_before_anything_starts(
@@ -217,12 +221,50 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         assert (tmp_path / "out" / "frame_0001.png").is_file()
         listing = farm("status", cwd=tmp_path, env=env)
         assert job_id in listing.stdout and "done" in listing.stdout
-        # a finished job cannot be canceled, and says why
+        # a finished job cannot be canceled, and says why: a conflict (1), not Ctrl-C's 130
         late = farm("cancel", job_id, cwd=tmp_path, env=env)
-        assert late.returncode != 0 and "already ended: done" in late.stderr
+        assert late.returncode == 1, late.stderr
+        assert (
+            f"farm: error: job {job_id} has already ended: done; only a queued or running job "
+            "can be canceled"
+        ) in late.stderr.splitlines()
         unknown = farm("status", "no-such-job", cwd=tmp_path, env=env)
         assert unknown.returncode == 3 and "no job" in unknown.stderr
     finally:
         worker.terminate()
         assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
         log.close()
+
+
+def test_a_job_submitted_with_farm_submit_shows_in_its_projects_web_list(
+    redis_url: str, tmp_path: Path, scene: Path
+) -> None:
+    """The web lists a project's jobs from the index the one acceptance writes: a job from
+    `farm submit` is there like one from the web, with its priority."""
+    import asyncio
+
+    from tests.farmprocs import WorkerProcess
+    from tests.web.conftest import api, bearer, make_tokens, make_web_settings
+
+    tokens = make_tokens(redis_url)
+    worker = WorkerProcess(redis_url, tmp_path)  # it inspects the file
+    try:
+        submitting = ("submit", str(scene), "--project", "A", "--priority", "7", "--tiles", "1x1")
+        proc = farm(*submitting, "--output", "out", "--json", cwd=tmp_path, env=worker.env)
+        assert proc.returncode == 0, proc.stderr
+        job_id = json.loads(proc.stdout)["id"]
+    finally:
+        worker.stop()
+
+    async def listed(token: str) -> list[dict[str, object]]:
+        async with api(make_web_settings(redis_url, tmp_path)) as client:
+            resp = await client.get("/api/jobs", headers=bearer(token))
+            assert resp.status == 200, await resp.text()
+            jobs: list[dict[str, object]] = (await resp.json())["jobs"]
+            return jobs
+
+    jobs = asyncio.run(listed(tokens.alice))
+    assert [(j["job_id"], j["project"], j["priority"], j["name"]) for j in jobs] == [
+        (job_id, "A", 7, "scene")
+    ]
+    assert asyncio.run(listed(tokens.bob)) == [], "project B's member sees none of A's jobs"

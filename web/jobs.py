@@ -1,24 +1,24 @@
-"""Job routes: submit over RenderRequest's fields, list, detail with tile grids, cancel, retry."""
+"""Job routes: submit (the job options of farm.models.JOB_OPTIONS), list, detail with tile
+grids, cancel, retry, priority."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-import typing
 import uuid
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from farm import keys, submission
+from farm import submission
+from farm.accept import accept
 from farm.errors import BadParameter, Conflict, NotFound
 from farm.jobstore import JobStore
-from farm.models import Event, JobSpec, JobStatus
+from farm.models import JOB_OPTIONS, Event, JobStatus
 from farm.queue import RenderQueue
-from farm.redisclient import guard
 from farm.settings import Settings
-from farm.states import JOB_FINAL, JobState
+from farm.states import JobState
 from web import intake, jsonio
 from web.appkeys import CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
 from web.auth import check_device, role_in
@@ -27,55 +27,16 @@ from web.uploads import inspection
 
 log = logging.getLogger("tessera.web.jobs")
 
-#: RenderRequest fields the server decides, never the client
-SERVER_FIELDS = ("output",)
-#: fields of the job API that are not RenderRequest's (web names for the same thing included)
-API_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "project": str,
-    "upload_id": str,
-    "priority": int,
-    "accept_missing": bool,
-}
-#: lists a client may send where RenderRequest takes text
-LIST_FIELDS = {"frames": ",", "formats": ","}
-MAX_PRIORITY = 1000
-
-
-def request_fields() -> dict[str, type | tuple[type, ...]]:
-    """The JSON type of each RenderRequest field a client may set, read off the dataclass, so
-    a field another module adds (denoise, mode ...) is accepted without touching this one."""
-    hints = typing.get_type_hints(submission.RenderRequest)
-    out: dict[str, type | tuple[type, ...]] = {}
-    for f in dataclasses.fields(submission.RenderRequest):
-        if f.name in SERVER_FIELDS:
-            continue
-        types = tuple(t for t in typing.get_args(hints[f.name]) or (hints[f.name],))
-        json_types = tuple(t for t in types if t in (str, int, float, bool, list, dict))
-        if f.name in LIST_FIELDS:
-            json_types = (*json_types, list)
-        if f.name == "frames":
-            json_types = (*json_types, int)
-        out[f.name] = json_types or (str, int, float, bool, list, dict)
-    return out
+#: fields of the job body beside the job options: which upload, and the page's name for
+#: allow_missing
+WHERE_FIELDS: dict[str, type | tuple[type, ...]] = {"upload_id": str, "accept_missing": bool}
 
 
 def body_fields() -> dict[str, type | tuple[type, ...]]:
-    return {**request_fields(), **API_FIELDS}
-
-
-def build_request(body: dict[str, Any], output: str) -> submission.RenderRequest:
-    """A RenderRequest from the checked body (API-only fields already taken out)."""
-    values = dict(body)
-    for name, sep in LIST_FIELDS.items():
-        if isinstance(values.get(name), list):
-            items = values[name]
-            if not all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in items):
-                raise BadParameter(f"field {name!r} must list strings or integers", field=name)
-            values[name] = sep.join(str(i) for i in items)
-    if isinstance(values.get("frames"), int):
-        values["frames"] = str(values["frames"])
-    # as text: a Path would fold ``s3://bucket/...`` into the local folder ``s3:/bucket/...``
-    return submission.RenderRequest(output=output, **values)
+    """Every field the job body takes, with its JSON types: exactly the public job options
+    and where the file is. Nothing is read off a dataclass, so a field added to a request or
+    spec elsewhere never becomes public API unnoticed."""
+    return {**{o.name: o.types for o in JOB_OPTIONS.values()}, **WHERE_FIELDS}
 
 
 def job_json(status: JobStatus) -> dict[str, Any]:
@@ -122,54 +83,31 @@ def job_output(settings: Settings, project: str) -> str:
 
 async def submit_job(request: web.Request) -> web.Response:
     body = await jsonio.read_object(request, body_fields(), required=("project", "upload_id"))
-    project = body.pop("project")
     upload_id = body.pop("upload_id")
-    priority = body.pop("priority", 0)
-    if "accept_missing" in body:
-        body["allow_missing"] = body.pop("accept_missing") or body.get("allow_missing", False)
-    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise BadParameter(f"priority must be {-MAX_PRIORITY} to {MAX_PRIORITY}")
+    if body.pop("accept_missing", False):
+        body["allow_missing"] = True
+    project = body["project"]
     role = role_in(request, project, "member")
     app = request.app
     settings = app[SETTINGS]
-    output = job_output(settings, project)
-    try:
-        req = build_request({**body, "project": project}, output)
-    except TypeError as exc:
-        raise BadParameter(f"the job request does not fit: {exc}") from None
+    req = submission.request_from(body, job_output(settings, project), settings)
     submission.check_request(req)
     await check_device(request, project, role, req.device)
     rec = await blocking(app, intake.find, app[CONN], [project], upload_id)
     report = await inspection(request, rec, req.device)
     limits = limits_of(request)
     max_tasks = await blocking(app, limits.allowed, project, JOB_TILES)
-    spec, warnings = submission.plan_job(req, report, intake.source_of(rec), max_tasks)
-    spec = dataclasses.replace(spec, priority=priority)
-    store = app[STORE]
     render_queue = RenderQueue(app[RQ_CONN], req.device)
-
-    def create() -> str:
-        job_id = submission.submit(
-            app[RQ_CONN], store, render_queue, spec, warnings, report.autoexec_fail
-        )
-        guard(app[CONN].zadd, keys.project_jobs(project), {job_id: spec_created(store, job_id)})
-        return job_id
-
     # a flood of jobs meets the project's budget of queued tiles (429), not the farm's memory
-    job_id = await blocking(app, limits.within_tile_budget, project, spec_tasks(spec), create)
-    log.info("event=job_submitted job=%s project=%s user=%s upload=%s device=%s", job_id,
-             project, user_of(request).name, upload_id, req.device)  # fmt: skip
-    status = await blocking(app, store.status, job_id)
-    return web.json_response({**job_json(status), "warnings": warnings}, status=201)
-
-
-def spec_tasks(spec: JobSpec) -> int:
-    """Tiles (or sample-split parts) the job queues."""
-    return len(spec.frames) * spec.tasks_per_frame
-
-
-def spec_created(store: JobStore, job_id: str) -> float:
-    return float(guard(store.conn.hget, keys.job(job_id), "created_s") or 0)
+    accepted = await blocking(
+        app, accept, settings, app[STORE], render_queue, req, intake.source_of(rec), report,
+        max_tasks=max_tasks, admit=partial(limits.within_tile_budget, project),
+    )  # fmt: skip
+    log.info("event=job_submitted job=%s project=%s user=%s upload=%s device=%s priority=%d",
+             accepted.job_id, project, user_of(request).name, upload_id, req.device,
+             req.priority)  # fmt: skip
+    status = await blocking(app, app[STORE].status, accepted.job_id)
+    return web.json_response({**job_json(status), "warnings": accepted.warnings}, status=201)
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -193,8 +131,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     def read() -> list[dict[str, Any]]:
         ids: list[tuple[str, float]] = []
         for p in projects:
-            ids.extend(guard(app[CONN].zrevrange, keys.project_jobs(p), 0, limit - 1,
-                             withscores=True))  # fmt: skip
+            ids.extend(app[STORE].project_job_ids(p, limit))
         ids.sort(key=lambda pair: -pair[1])
         out = []
         # every status in one round trip, not one per job
@@ -317,21 +254,11 @@ async def patch_job(request: web.Request) -> web.Response:
     status = await job_for(request, "member")
     body = await jsonio.read_object(request, {"priority": int}, required=("priority",))
     priority = body["priority"]
-    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
-        raise BadParameter(f"priority must be {-MAX_PRIORITY} to {MAX_PRIORITY}")
-    if JobState(status.state) in JOB_FINAL:
-        raise Conflict(f"job {status.id} has ended ({status.state}); its priority is fixed")
-    conn = request.app[CONN]
-    key = keys.job(status.id)
-
-    def update(pipe: Any) -> None:
-        spec = JobSpec.from_json(pipe.hget(key, "spec"))
-        pipe.multi()
-        pipe.hset(key, "spec", dataclasses.replace(spec, priority=priority).to_json())
-
-    await blocking(request.app, guard, conn.transaction, update, key)
+    JOB_OPTIONS["priority"].check(priority)
+    app = request.app
+    await blocking(app, app[STORE].set_priority, status.id, priority)
     # the job's waiting tiles move before (or after) other jobs' now, not only its label
-    render_queue = RenderQueue(request.app[RQ_CONN], status.spec.device)
-    await blocking(request.app, render_queue.set_priority, status.id, priority)
-    new = await blocking(request.app, request.app[STORE].status, status.id)
+    render_queue = RenderQueue(app[RQ_CONN], status.spec.device)
+    await blocking(app, render_queue.set_priority, status.id, priority)
+    new = await blocking(app, app[STORE].status, status.id)
     return web.json_response(job_json(new))

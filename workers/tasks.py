@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from farm import delivery, keys, metrics
+from farm import delivery, metrics
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
@@ -244,7 +244,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
                      error=exc)  # fmt: skip
         raise
     if result.get("autoexec_fail"):
-        ctx.conn.hset(keys.job(task.job_id), "scripts_blocked", 1)
+        ctx.store.mark_scripts_blocked(task.job_id)
     if result.get("fallback"):
         ctx.store.warn(task.job_id, f"tile {task.index} of frame {task.frame} rendered on the "
                        f"CPU: {result['fallback']}")  # fmt: skip

@@ -15,9 +15,11 @@ import redis
 from rq.exceptions import DequeueTimeout
 
 from farm import jobscripts, keys
+from farm.errors import Conflict, NotFound
 from farm.jobstore import JobStore, Sweep
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue, _BandedQueue, run_worker
+from farm.settings import Settings
 from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS, JobState, TileState
 from farm.submission import submit
 
@@ -49,6 +51,51 @@ def test_submit_creates_job_and_queues_every_tile_at_once(
     assert (status.state, status.tiles_total, status.frames_total) == ("queued", 4, 2)
     assert queue.depth() == 4
     assert set(store.tile_states(job_id).values()) == {TileState.QUEUED}
+
+
+def test_a_job_is_in_its_projects_index_from_the_transaction_that_creates_it(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    before = rconn.info("commandstats")
+    job_id = _new_job(store, queue, dataclasses.replace(_spec(), project="shorts", priority=4))
+    after = rconn.info("commandstats")
+    # the web lists a project's jobs from this index: a job is there exactly when it exists
+    assert store.project_job_ids("shorts") == [(job_id, store.created_s(job_id))]
+    assert store.project_job_ids("other") == []
+    assert store.spec(job_id).priority == 4
+    assert queue.band(4).count == 4, "the tiles wait in their priority's band"
+    # job, tiles, index and queue pushes: one MULTI/EXEC, nothing written outside it
+    calls = {k: int(after[k]["calls"]) - int(before.get(k, {"calls": 0})["calls"])
+             for k in ("cmdstat_multi", "cmdstat_exec")}  # fmt: skip
+    assert calls == {"cmdstat_multi": 1, "cmdstat_exec": 1}
+
+
+def test_priority_and_blocked_scripts_are_written_by_the_store(
+    store: JobStore, queue: RenderQueue
+) -> None:
+    job_id = _new_job(store, queue)
+    assert store.set_priority(job_id, 9).priority == 9
+    assert store.spec(job_id).priority == 9
+    assert not store.status(job_id).scripts_blocked
+    store.mark_scripts_blocked(job_id)
+    assert store.status(job_id).scripts_blocked
+    store.end_job(job_id, JobState.CANCELED, "by test")
+    with pytest.raises(Conflict, match="has ended \\(canceled\\); its priority is fixed"):
+        store.set_priority(job_id, 1)
+    assert store.spec(job_id).priority == 9
+    with pytest.raises(NotFound):
+        store.set_priority("no-such-job", 1)
+
+
+def test_a_rendering_tile_is_leased_for_the_farms_lease_ttl(
+    redis_url: str, queue: RenderQueue, rconn: redis.Redis
+) -> None:
+    # the tile's lease and its device lease expire together: one setting (FARM_LEASE_TTL_S)
+    now = 1_000_000.0
+    store = JobStore(redis.Redis.from_url(redis_url, decode_responses=True), clock=lambda: now)
+    job_id = _new_job(store, queue)
+    assert store.start_tile(TileTask(job_id, 1, 0, 1)) == "ok"
+    assert float(rconn.hget(keys.tiles(job_id), "1:0:d") or 0) == now + Settings().lease_ttl_s
 
 
 def test_a_job_runs_through_to_done_with_one_assembly_per_frame(

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from farm import jobstore
 from farm.accounts import Accounts
+from farm.models import InspectionReport
 from farm.settings import Settings
 from web.app import create_app
 
@@ -94,37 +95,34 @@ SHA = "ab" * 32
 
 
 def make_job(settings: Settings, project: str, out: Path | str, tiles: str = "1x1") -> str:
-    """A queued job of ``project`` made as the submit route makes one, without inspection (no
-    worker needed): the job's records, its tiles on the queue, the project's index."""
-    from farm import keys, queue, submission
-    from farm.models import BlendSource, JobSpec
+    """A queued job of ``project`` (frames 1 and 2 of a 64x32 scene) accepted as the submit
+    route accepts one, with a report in place of the inspection (no worker needed): the job's
+    records, its tiles on the queue, the project's index."""
+    from farm import queue, submission
+    from farm.accept import accept
+    from farm.models import BlendSource
 
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     rq_conn = queue.connect(settings.redis_url)
     try:
-        spec = JobSpec(
-            source=BlendSource("upload", f"uploads/{SHA}/upload.blend", SHA, "b.blend"),
-            frames=(1, 2),
-            tiles=tiles,
-            width=8,
-            height=8,
-            output=str(out),
-            project=project,
-        )
-        job_id = submission.submit(
-            rq_conn, store, queue.RenderQueue(rq_conn, "cpu"), spec, [], False
-        )
-        store.conn.zadd(keys.project_jobs(project), {job_id: spec_created(store, job_id)})
-        return job_id
+        source = BlendSource("upload", f"uploads/{SHA}/upload.blend", SHA, "b.blend")
+        req = submission.RenderRequest(output=str(out), frames="1-2", tiles=tiles, project=project)
+        queue_ = queue.RenderQueue(rq_conn, req.device)
+        return accept(settings, store, queue_, req, source, report=scene_report()).job_id
     finally:
         store.conn.close()
         rq_conn.close()
 
 
-def spec_created(store: jobstore.JobStore, job_id: str) -> float:
-    from web.jobs import spec_created as created
-
-    return created(store, job_id)
+def scene_report(width: int = 64, height: int = 32) -> InspectionReport:
+    """What inspecting a plain Cycles scene of frames 1 to 2 with a camera reports."""
+    return InspectionReport(
+        path="/uploads/b.blend", version="5.0.1", scene="Scene", engine="CYCLES",
+        frame_start=1, frame_end=2, frame_step=1, fps=24.0, width=width, height=height,
+        samples=16, adaptive_sampling=False, denoising=False, cameras=["Camera"],
+        camera="Camera", missing_files=[], libraries=[], autoexec_fail=False,
+        autoexec_fail_message="", wants_scripts=False, scripts=[],
+    )  # fmt: skip
 
 
 def wait_for_worker(redis_url: str, device: str = "cpu", timeout_s: float = 120.0) -> None:

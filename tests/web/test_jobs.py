@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from farm import jobstore, queue
-from farm.models import TileTask
+from farm.models import JOB_OPTIONS, TileTask
 from farm.settings import Settings
 from tests.web.conftest import SHA, Tokens, api, bearer, make_job
 
@@ -56,6 +56,59 @@ async def test_bad_job_requests_get_a_400_and_no_job(
         assert words in err["message"]
         assert (await client.get("/api/me", headers=bearer(tokens.alice))).status == 200
     assert _job_count(web_settings) == 0
+
+
+@pytest.mark.parametrize(
+    "field",
+    # the server's choice, and fields of the spec or the settings that are not job options
+    ["output", "vram_mib", "compositor", "fps", "tile_lease_s", "tiles_per_frame"],
+)
+async def test_a_field_outside_the_public_job_options_is_refused_by_name(
+    web_settings: Settings, tokens: Tokens, field: str
+) -> None:
+    body = {"project": "A", "upload_id": SHA, field: 1}
+    async with api(web_settings) as client:
+        resp = await client.post("/api/jobs", json=body, headers=bearer(tokens.alice))
+        assert resp.status == 400, await resp.text()
+        err = (await resp.json())["error"]
+        assert (err["code"], err["fields"]) == ("bad_parameter", [field])
+        assert err["message"].startswith(f"unknown field(s): {field}; known: ")
+        # and the API's description lists exactly the job options and where the file is
+        described = await (await client.get("/api/openapi.json")).json()
+    schema = described["paths"]["/api/jobs"]["post"]["requestBody"]["content"]
+    props = schema["application/json"]["schema"]["properties"]
+    assert set(props) == {*JOB_OPTIONS, "upload_id", "accept_missing"}
+    assert _job_count(web_settings) == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "bound"),
+    [
+        ("max_attempts", 0, "max attempts must be 1 to 10, not 0"),
+        ("max_attempts", 11, "max attempts must be 1 to 10, not 11"),
+        ("tile_timeout_s", 0.01, "tile timeout must be 0.1 to 604800 s, not 0.01 s"),
+        ("tile_timeout_s", 10**9, "tile timeout must be 0.1 to 604800 s, not 1000000000 s"),
+        ("priority", -1001, "priority must be -1000 to 1000, not -1001"),
+        ("priority", 1001, "priority must be -1000 to 1000, not 1001"),
+    ],
+)
+async def test_attempts_tile_timeout_and_priority_out_of_bounds_are_refused(
+    web_settings: Settings, tokens: Tokens, tmp_path: Path, field: str, value: float, bound: str
+) -> None:
+    body = {"project": "A", "upload_id": SHA, field: value}
+    async with api(web_settings) as client:
+        resp = await client.post("/api/jobs", json=body, headers=bearer(tokens.alice))
+        assert resp.status == 400, await resp.text()
+        err = (await resp.json())["error"]
+        assert (err["code"], err["field"], err["message"]) == ("bad_parameter", field, bound)
+        if field == "priority":
+            # a job's priority changes within the same bounds
+            job_id = make_job(web_settings, "A", tmp_path / "o")
+            patch = await client.patch(
+                f"/api/jobs/{job_id}", json={"priority": value}, headers=bearer(tokens.alice)
+            )
+            assert patch.status == 400
+            assert (await patch.json())["error"]["message"] == bound
 
 
 async def test_a_job_of_another_project_is_404_and_unknown_upload_too(
