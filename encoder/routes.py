@@ -1,4 +1,5 @@
-"""The stream service's HTTP API (the URL table and its small handlers) and the player page."""
+"""The stream service's HTTP API: its URL table, small handlers, middlewares and typed app keys
+(the app itself is built by encoder/app.py)."""
 
 from __future__ import annotations
 
@@ -18,24 +19,17 @@ from encoder.observe import StreamMetrics
 from encoder.turn import ice_servers
 from encoder.wsviewer import WsViewer
 from farm import metrics, streamauth
-from farm.errors import (
-    BadParameter,
-    FarmError,
-    Forbidden,
-    InputError,
-    NeverFits,
-    NoCapacity,
-    NotFound,
-    StreamError,
-    TooLarge,
-    Unauthorized,
-)
+from farm.errors import BadParameter, FarmError, Forbidden, NotFound, TooLarge, Unauthorized
+from farm.httperrors import http_error
+from farm.settings import Settings
 from farm.streamauth import StreamClaims, require_controller, require_session
 
 if TYPE_CHECKING:
     from encoder.service import StreamService
 
 STATIC = Path(__file__).resolve().parent / "static"
+SETTINGS = web.AppKey("settings", Settings)
+#: the device's service, opened and closed with the app (encoder/app.py)
 SERVICE: web.AppKey[StreamService] = web.AppKey("stream_service")
 CLAIMS: web.RequestKey[StreamClaims] = web.RequestKey("stream_claims", StreamClaims)
 #: the player's page and files: the only routes answered without a stream token (no data)
@@ -45,34 +39,15 @@ _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
           ".svg": "image/svg+xml"}  # fmt: skip
 
 
-def _error(status: int, code: str, message: str, **fields: Any) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message, **fields}}, status=status)
-
-
 @web.middleware
 async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A farm error answers in its one HTTP form (farm.httperrors), as the web's do."""
     try:
         response: web.StreamResponse = await handler(request)
         return response
-    except NoCapacity as exc:
-        return _error(503, "no_capacity", exc.message, **_plain(exc.fields))
-    except NeverFits as exc:
-        # the contract's one code for "this service cannot take it"; the message says never
-        return _error(409, "no_capacity", exc.message, **_plain(exc.fields))
-    except Unauthorized as exc:
-        return _error(401, exc.code, exc.message)
-    except Forbidden as exc:
-        return _error(403, exc.code, exc.message, **_plain(exc.fields))
-    except NotFound as exc:
-        return _error(404, exc.code, exc.message, **_plain(exc.fields))
-    except TooLarge as exc:
-        return _error(413, exc.code, exc.message, **_plain(exc.fields))
-    except InputError as exc:
-        return _error(400, exc.code, exc.message, **_plain(exc.fields))
-    except StreamError as exc:
-        return _error(503, exc.code, exc.message, **_plain(exc.fields))
     except FarmError as exc:
-        return _error(500, exc.code, exc.message, **_plain(exc.fields))
+        err = http_error(exc)
+        return web.json_response(err.body, status=err.status, headers=err.headers)
 
 
 @web.middleware
@@ -87,12 +62,13 @@ async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse
     token = token or request.query.get("token", "")
     if not token:
         raise Unauthorized("a stream token is needed: Authorization: Bearer <token>")
-    scrape = request.app[SERVICE].settings.metrics_token
+    settings = request.app[SETTINGS]
+    scrape = settings.metrics_token
     if request.path == "/metrics" and scrape and hmac.compare_digest(token, scrape):
         # Prometheus' static FARM_METRICS_TOKEN (as the web takes it): good for /metrics alone
         request[CLAIMS] = StreamClaims("operator", exp=math.inf)
     else:
-        request[CLAIMS] = streamauth.verify(request.app[SERVICE].settings.stream_secret, token)
+        request[CLAIMS] = streamauth.verify(settings.stream_secret, token)
     response = await handler(request)
     return response
 
@@ -114,10 +90,6 @@ def _session_of(request: web.Request, controller: bool = False) -> str:
     if controller:
         require_controller(claims)
     return sid
-
-
-def _plain(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if isinstance(v, str | int | float | bool)}
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -189,6 +161,8 @@ async def create_session(request: web.Request) -> web.Response:
         fps=_int(body, "fps"),
         project=project,
         owner=_str(body, "owner"),
+        # the lease obeys the project's device policy for the owner's role (an operator: none)
+        role="" if claims.operator else claims.project_role,
     )
     return web.json_response(session.to_json(), status=201)
 
@@ -270,7 +244,7 @@ def _home(request: web.Request) -> Home:
     home = session.source.home
     if home is None:
         raise NotFound(f"session {session.id} has no home folder (its app is not sandboxed)")
-    s = request.app[SERVICE].settings
+    s = request.app[SETTINGS]
     return Home(home, s.sandbox_uid, s.sandbox_gid, s.stream_file_max_mib << 20)
 
 
@@ -303,7 +277,7 @@ async def upload_file(request: web.Request) -> web.Response:
 
 async def ice(request: web.Request) -> web.Response:
     user = request.query.get("user", "viewer")
-    return web.json_response({"iceServers": ice_servers(request.app[SERVICE].settings, user)})
+    return web.json_response({"iceServers": ice_servers(request.app[SETTINGS], user)})
 
 
 def _static(name: str) -> Any:
@@ -338,32 +312,25 @@ async def metrics_view(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def create_app(service: StreamService) -> web.Application:
-    """The aiohttp app of ``service``: the stream API of /tmp/plan/stream-contract.md."""
-    app = web.Application(middlewares=[errors, authenticate])
-    app[SERVICE] = service
-    app[STREAM_METRICS] = StreamMetrics()
-    app.add_routes(
-        [
-            web.get("/api/streams/apps", apps),
-            web.get("/api/streams/device", device),
-            web.get("/api/streams/ice", ice),
-            web.get("/api/streams/sessions", list_sessions),
-            web.post("/api/streams/sessions", create_session),
-            web.get("/api/streams/sessions/{sid}", get_session),
-            web.delete("/api/streams/sessions/{sid}", end_session),
-            web.post("/api/streams/sessions/{sid}/viewers", add_viewer),
-            web.delete("/api/streams/sessions/{sid}/viewers/{vid}", remove_viewer),
-            web.get("/api/streams/sessions/{sid}/ws", ws_viewer),
-            web.post("/api/streams/sessions/{sid}/control", control),
-            web.get("/api/streams/sessions/{sid}/files", list_files),
-            web.get("/api/streams/sessions/{sid}/files/{name}", download_file),
-            web.put("/api/streams/sessions/{sid}/files/{name}", upload_file),
-            web.get("/metrics", metrics_view),
-            web.get("/player", _static("player.html")),
-            web.get("/player.js", _static("player.js")),
-            web.get("/player.css", _static("player.css")),
-            web.get("/static/{name}", static_file),
-        ]
-    )
-    return app
+#: the stream API of /tmp/plan/stream-contract.md, and the player's files
+ROUTES = [
+    web.get("/api/streams/apps", apps),
+    web.get("/api/streams/device", device),
+    web.get("/api/streams/ice", ice),
+    web.get("/api/streams/sessions", list_sessions),
+    web.post("/api/streams/sessions", create_session),
+    web.get("/api/streams/sessions/{sid}", get_session),
+    web.delete("/api/streams/sessions/{sid}", end_session),
+    web.post("/api/streams/sessions/{sid}/viewers", add_viewer),
+    web.delete("/api/streams/sessions/{sid}/viewers/{vid}", remove_viewer),
+    web.get("/api/streams/sessions/{sid}/ws", ws_viewer),
+    web.post("/api/streams/sessions/{sid}/control", control),
+    web.get("/api/streams/sessions/{sid}/files", list_files),
+    web.get("/api/streams/sessions/{sid}/files/{name}", download_file),
+    web.put("/api/streams/sessions/{sid}/files/{name}", upload_file),
+    web.get("/metrics", metrics_view),
+    web.get("/player", _static("player.html")),
+    web.get("/player.js", _static("player.js")),
+    web.get("/player.css", _static("player.css")),
+    web.get("/static/{name}", static_file),
+]

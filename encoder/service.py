@@ -1,13 +1,9 @@
-"""`farm stream`: the stream service of one device (a GPU, or the CPU device): admission of
-sessions through the slot allocator, their lives, and the service's registration in Redis.
+"""The stream service of one device (a GPU, or the CPU device): admission of sessions through
+the slot allocator, their lives, and the service's registration in Redis.
 
-Start it in tests and benches with::
-
-    async with StreamService(settings) as svc:   # serves HTTP on settings.stream_port (0: free)
-        svc.url                                  # http://127.0.0.1:PORT
-
-or, from synchronous code, ``with running(settings) as svc:`` (its own thread and loop).
-``create_app(svc)`` builds the aiohttp app alone (``StreamService(..., serve_http=False)``).
+Its HTTP API is encoder/app.py's (the app opens and closes a StreamService); tests and benches
+serve one with ``async with serving(settings) as svc:`` or, from synchronous code,
+``with running(settings) as svc:`` (both in encoder/app.py; ``svc.url`` is where it answers).
 """
 
 from __future__ import annotations
@@ -18,21 +14,16 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from typing import Any
-
-from aiohttp import web
 
 from encoder import capacity
 from encoder.catalog import TESTPATTERN, Catalog
-from encoder.routes import create_app
 from encoder.session import SessionState, StreamSession
 from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
 from encoder.turn import ice_servers
-from farm import keys, sandbox, streamauth
+from farm import keys, sandbox
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
@@ -44,42 +35,39 @@ from farm.settings import Settings
 
 log = logging.getLogger("tessera.stream")
 
-__all__ = ["StreamService", "create_app", "running"]
-
-_FROM_SETTINGS: Any = object()
+#: ``nvml`` default: open the NVML that FARM_NVML names, on a GPU service
+FROM_SETTINGS: Any = object()
 #: ended sessions whose last state (and why they ended) the API still answers with
 ENDED_KEPT = 200
 
 
 class StreamService:
-    """Sessions on one device; a device agent for it; its HTTP API (see encoder/routes.py)."""
+    """Sessions on one device, and a device agent for it (its HTTP API: encoder/app.py)."""
 
     def __init__(
         self,
         settings: Settings,
         *,
-        nvml: Nvml | None = _FROM_SETTINGS,
+        nvml: Nvml | None = FROM_SETTINGS,
         name: str | None = None,
         hostname: str | None = None,
-        serve_http: bool = True,
     ) -> None:
         self.settings = settings
-        if nvml is _FROM_SETTINGS:
+        if nvml is FROM_SETTINGS:
             nvml = open_nvml(settings.nvml) if settings.device == "gpu" else None
         self.nvml = nvml
         self.hostname = hostname or socket.gethostname()
         self.name = name or f"stream-{self.hostname}-{settings.device}-{os.getpid()}"
-        self.serve_http = serve_http
         self.catalog = Catalog.load(settings.stream_apps)
         self.sessions: dict[str, StreamSession] = {}
         #: the last sessions that ended, as they were at their end (with the reason)
         self.ended: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: where its API answers (set by ``announce``; empty before)
         self.url = ""
         self.started = time.time()
         self.conn: Redis | None = None
         self.allocator: SlotAllocator | None = None
         self.agent: DeviceAgent | None = None
-        self._runner: web.AppRunner | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         #: megapixels a second the device encodes (configured, or measured at start)
         self.encode_mpx_s = settings.stream_encode_mpx_s
@@ -94,8 +82,6 @@ class StreamService:
     async def start(self) -> None:
         # a sandbox that cannot start here fails the service now, naming the fix
         await asyncio.to_thread(sandbox.check, self.settings)
-        if self.serve_http:
-            streamauth.check_secret(self.settings.stream_secret)
         self.conn = connect(self.settings.redis_url)
         self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
         self.agent = self._make_agent(self.allocator)
@@ -106,15 +92,13 @@ class StreamService:
             )
             log.info("event=encoder_probed device=%s encode_mpx_s=%.1f", self.device.id,
                      self.encode_mpx_s)  # fmt: skip
-        if self.serve_http:
-            self._runner = web.AppRunner(create_app(self), access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.settings.stream_host, self.settings.stream_port)
-            await site.start()
-            host, port = self._runner.addresses[0][:2]
-            self.url = self.settings.stream_url or f"http://{_url_host(str(host))}:{port}"
-            await asyncio.to_thread(self._register)
-            self._heartbeat = asyncio.create_task(self._beat(), name="stream-registration")
+
+    async def announce(self, url: str) -> None:
+        """Serving at ``url``: registered in Redis (the web finds the service there) and kept
+        registered by a heartbeat until ``stop``."""
+        self.url = url
+        await asyncio.to_thread(self._register)
+        self._heartbeat = asyncio.create_task(self._beat(), name="stream-registration")
         log.info("event=stream_service_ready name=%s device=%s url=%s encode_sessions=%d "
                  "encode_mpx_s=%.1f", self.name, self.device.id, self.url,
                  self.device.encoder_sessions, self.encode_mpx_s)  # fmt: skip
@@ -139,18 +123,17 @@ class StreamService:
             raise DeviceUnavailable(f"stream service {self.name}: no GPU {index} on this host")
         return agent
 
+    async def end_sessions(self, reason: str = "the stream service stopped") -> None:
+        await asyncio.gather(*(s.end(reason) for s in list(self.sessions.values())))
+
     async def stop(self) -> None:
-        await asyncio.gather(
-            *(s.end("the stream service stopped") for s in list(self.sessions.values()))
-        )
+        await self.end_sessions()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
             with contextlib.suppress(FarmError):
                 await asyncio.to_thread(self._unregister)
-        if self._runner is not None:
-            await self._runner.cleanup()
         if self.agent is not None:
             await asyncio.to_thread(self.agent.stop)
         if self.conn is not None:
@@ -222,8 +205,11 @@ class StreamService:
         fps: int | None = None,
         project: str = "",
         owner: str = "",
+        role: str = "",
     ) -> StreamSession:
-        """Admit (lease), start and return a session; NoCapacity when the device is full."""
+        """Admit (lease), start and return a session; NoCapacity when the device is full,
+        Forbidden when ``project``'s device policy keeps ``role`` (the owner's role there) off
+        this device."""
         app = self.catalog.get(app_name).sized(width, height, fps)
         if app.name == TESTPATTERN and not check_size(app.width, app.height):
             raise BadParameter(
@@ -237,7 +223,7 @@ class StreamService:
         ]
         asked = capacity.Demand(app.width, app.height, app.fps)
         capacity.check(self.encode_mpx_s, running, asked, self.device.id)
-        lease = await asyncio.to_thread(self._admit, project)
+        lease = await asyncio.to_thread(self._admit, project, role)
         session = StreamSession(
             app, self.device, lease, self._allocator(), self.settings,
             ice_servers=lambda user: ice_servers(self.settings, user),
@@ -249,7 +235,7 @@ class StreamService:
             raise NotFound(f"session {session.id} ended while starting: {session.reason}")
         return session
 
-    def _admit(self, project: str) -> Lease:
+    def _admit(self, project: str, role: str) -> Lease:
         device = self.device
         request = Request(
             "stream",
@@ -257,6 +243,7 @@ class StreamService:
             encoder_sessions=1,
             device_ids=(device.id,),
             project=project,
+            role=role,
             preempt=True,
         )
         allocator = self._allocator()
@@ -326,47 +313,3 @@ class StreamService:
     def pids(self) -> set[int]:
         # called from the agent's thread: copy the sessions in one step
         return {pid for s in tuple(self.sessions.values()) for pid in s.pids()}
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        return socket.gethostname()
-    return f"[{host}]" if ":" in host else host
-
-
-@contextlib.contextmanager
-def running(settings: Settings, **kwargs: Any) -> Iterator[StreamService]:
-    """A StreamService serving from a thread of its own (sync tests, benches, browser tests)."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-    stop = asyncio.Event()
-
-    async def main() -> None:
-        try:
-            async with StreamService(settings, **kwargs) as service:
-                box["service"] = service
-                ready.set()
-                await stop.wait()
-        except BaseException as exc:
-            box["error"] = exc
-            ready.set()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), name="stream")
-    thread.start()
-    ready.wait()
-    try:
-        if "error" in box:
-            raise box["error"]
-        yield box["service"]
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join()
-        loop.close()
-
-
-async def serve_forever(settings: Settings, stop: asyncio.Event) -> None:
-    """`farm stream`: serve until ``stop`` is set; prints one JSON line once serving."""
-    async with StreamService(settings) as service:
-        print(json.dumps({"url": service.url, "device_id": service.device.id}), flush=True)
-        await stop.wait()

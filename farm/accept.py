@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ def accept(
     on_wait: Callable[[], None] | None = None,
     max_tasks: int | None = None,
     admit: Admit | None = None,
+    role: str = "",
 ) -> Accepted:
     """Check ``req`` (every bound), inspect the file (unless its ``report`` is at hand: the
     web caches one per upload), plan its tiles, check its output, then create the job in one
@@ -60,6 +62,8 @@ def accept(
     spec, warnings = submission.plan_job(
         req, report, source, settings.job_max_tiles if max_tasks is None else max_tasks
     )
+    # the submitter's role in the project: every tile's lease obeys its device policy
+    spec = dataclasses.replace(spec, role=role)
     delivery.check_output(spec, settings)
     scripts_blocked = report.autoexec_fail
 

@@ -1,4 +1,4 @@
-"""Users, projects, roles, device policies, API tokens and browser sessions, kept in Redis."""
+"""Users, projects, roles, who may launch desktop apps, API tokens and browser sessions (Redis)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,10 @@ from typing import Any
 from farm import keys
 from farm.errors import BadParameter, NotFound
 from farm.redisclient import Redis, guard
-from farm.settings import DEVICE_KINDS
 
 ROLES = ("admin", "member", "viewer")
 #: what a role may do, weakest first: a role may do what every role after it may
 ROLE_RANK = {"viewer": 0, "member": 1, "admin": 2}
-#: device classes each role may use where a project sets no policy of its own
-DEFAULT_POLICY: dict[str, tuple[str, ...]] = {
-    "admin": DEVICE_KINDS,
-    "member": DEVICE_KINDS,
-    "viewer": (),
-}
 #: the weakest role that may launch desktop-like apps where a project says nothing: a shell in a
 #: session is the widest thing a member can run, so only a project's admins by default
 DESKTOP_ROLE = "admin"
@@ -124,14 +117,7 @@ class Accounts:
         names = guard(pipe.execute) if projects else []
         return {p: n or p for p, n in zip(projects, names, strict=True)}
 
-    # --- device policy ----------------------------------------------------------------------
-
-    def policy(self, project: str) -> dict[str, tuple[str, ...]]:
-        stored = guard(self.conn.hgetall, keys.project_policy(project))
-        out = dict(DEFAULT_POLICY)
-        for role, devices in stored.items():
-            out[role] = tuple(d for d in devices.split(",") if d)
-        return out
+    # --- desktop apps -------------------------------------------------------------------------
 
     def desktop_role(self, project: str) -> str:
         """The weakest role of ``project`` that may launch desktop-like apps (a shell)."""
@@ -151,13 +137,6 @@ class Accounts:
             return True
         role = user.role(project)
         return role is not None and ROLE_RANK[role] >= ROLE_RANK[self.desktop_role(project)]
-
-    def set_policy(self, project: str, role: str, devices: list[str]) -> None:
-        check_role(role)
-        for d in devices:
-            if d not in DEVICE_KINDS:
-                raise BadParameter(f"device {d!r} is not one of {', '.join(DEVICE_KINDS)}")
-        guard(self.conn.hset, keys.project_policy(project), role, ",".join(devices))
 
     # --- API tokens ---------------------------------------------------------------------------
 

@@ -121,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ttl", type=float, default=3600.0, help="its lifetime, s (default 3600)")
 
+    p = sub.add_parser("policy", help="which device classes each role of a project may lease")
+    pol = p.add_subparsers(dest="policy_command", required=True)
+    t = pol.add_parser("show", help="every role's device classes in the project")
+    t.add_argument("project")
+    t.add_argument("--json", action="store_true")
+    t = pol.add_parser("set", help="the device classes a role may lease (none: nothing)")
+    t.add_argument("project")
+    t.add_argument("role", help="admin, member or viewer")
+    t.add_argument("classes", nargs="*", help="device classes (cpu, t4, a100, ...; gpu: any GPU)")
+    t.add_argument("--json", action="store_true")
+
     p = sub.add_parser("web", help="serve the web UI and API (FARM_WEB_HOST:FARM_WEB_PORT)")
     p.add_argument("--host", help="overrides FARM_WEB_HOST")
     p.add_argument("--port", type=int, help="overrides FARM_WEB_PORT (0: a free port)")
@@ -378,7 +389,7 @@ def cmd_stream(settings: Settings, args: argparse.Namespace) -> None:
     import asyncio
     import signal
 
-    from encoder.service import serve_forever
+    from encoder.app import serve_forever
 
     changes = _device_changes(args)
     if args.port is not None:
@@ -454,6 +465,25 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | 
     return None
 
 
+def cmd_policy(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import jobstore
+    from farm.alloc.allocator import SlotAllocator
+
+    conn = jobstore.connect(settings.redis_url)
+    try:
+        allocator = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
+        if args.policy_command == "set":
+            allocator.set_policy(args.project, args.role, args.classes)
+        policy = allocator.policy(args.project)
+    finally:
+        conn.close()
+    if args.json:
+        return {"project": args.project, "policy": {r: list(c) for r, c in policy.items()}}
+    for role, classes in policy.items():
+        print(f"{role:<8} {', '.join(classes) or '(none)'}")
+    return None
+
+
 def cmd_stream_token(settings: Settings, args: argparse.Namespace) -> None:
     from farm import streamauth
 
@@ -472,6 +502,7 @@ COMMANDS = {
     "usage": cmd_usage,
     "stream": cmd_stream,
     "stream-token": cmd_stream_token,
+    "policy": cmd_policy,
     "web": cmd_web,
     "up": cmd_up,
     "token": cmd_token,

@@ -4,7 +4,7 @@ Each script is one compare-and-set: it checks the record is where the caller bel
 attempt), moves it, updates the counters and appends the progress event, all in one step, so two
 workers can never both commit a tile and a stale attempt can never commit at all. The allowed
 transitions come from ``farm.states`` (rendered into a Lua prelude), so Python and Lua share one
-table.
+table; the keys a script finds by name come from ``farm.keys`` (``KEYS_LUA``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ def _lua_moves(table: Mapping[S, frozenset[S]]) -> str:
     return "|" + "|".join(pairs) + "|"
 
 
+#: the keys the scripts find by name (not given in KEYS), as farm.keys spells them
+KEYS_LUA = keys.lua("job", "tiles", "events", "assembling", "lease")
+
 PRELUDE = f"""
+{KEYS_LUA}
 local JOB_MOVES = '{_lua_moves(JOB_TRANSITIONS)}'
 local TILE_MOVES = '{_lua_moves(TILE_TRANSITIONS)}'
 local FINAL = {{done=true, failed=true, canceled=true}}
@@ -40,7 +44,6 @@ end
 local TILE_DEADLINES = '{keys.TILE_DEADLINES}'
 local FRAME_DEADLINES = '{keys.FRAME_DEADLINES}'
 local REQUEUED = '{keys.REQUEUED}'
-local JOB_PREFIX = '{keys.job("")}'
 
 local function event(evk, fields)
   redis.call('XADD', evk, 'MAXLEN', '~', 100000, '*', unpack(fields))
@@ -125,7 +128,7 @@ if was ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] th
   return 'stale'
 end
 if ARGV[8] ~= '' then
-  local l = redis.call('HMGET', 'tessera:lease:' .. ARGV[8], 'token', 'expires')
+  local l = redis.call('HMGET', keys.lease(ARGV[8]), 'token', 'expires')
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if l[1] ~= ARGV[9] or tonumber(l[2]) < now_ms then return 'fenced' end
@@ -355,8 +358,8 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
                                    'LIMIT', 0, limit)) do
   redis.call('ZREM', TILE_DEADLINES, member)
   local jid, name = split(member)
-  local jk = JOB_PREFIX .. jid
-  local tk, evk = jk .. ':tiles', jk .. ':events'
+  local jk = keys.job(jid)
+  local tk, evk = keys.tiles(jid), keys.events(jid)
   local st = redis.call('HGET', jk, 'state')
   local deadline = tonumber(redis.call('HGET', tk, name .. ':d') or '0')
   if st and not FINAL[st] and redis.call('HGET', tk, name) == 'rendering' then
@@ -390,8 +393,8 @@ end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', FRAME_DEADLINES, '-inf', '(' .. now,
                                    'LIMIT', 0, limit)) do
   local jid, frame = split(member)
-  local jk = JOB_PREFIX .. jid
-  local ak = jk .. ':assembling'
+  local jk = keys.job(jid)
+  local ak = keys.assembling(jid)
   local st = redis.call('HGET', jk, 'state')
   local deadline = redis.call('HGET', ak, frame)
   if not st or FINAL[st] or not deadline then
@@ -408,8 +411,8 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',
                                    '(' .. (now - tonumber(ARGV[6])), 'LIMIT', 0, limit)) do
   redis.call('ZREM', REQUEUED, member)
   local jid, name = split(member)
-  local tk = JOB_PREFIX .. jid .. ':tiles'
-  local st = redis.call('HGET', JOB_PREFIX .. jid, 'state')
+  local tk = keys.tiles(jid)
+  local st = redis.call('HGET', keys.job(jid), 'state')
   if st and not FINAL[st] and redis.call('HGET', tk, name) == 'queued' then
     local sep = string.find(name, ':', 1, true)
     for _, v in ipairs({'p', jid, string.sub(name, 1, sep - 1), string.sub(name, sep + 1),

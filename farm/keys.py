@@ -1,6 +1,9 @@
-"""Every Redis key name Tessera uses, in one place."""
+"""Every Redis key name Tessera uses, in one place (Lua scripts get them through ``lua``)."""
 
 from __future__ import annotations
+
+import inspect
+import re
 
 PREFIX = "tessera"
 
@@ -109,6 +112,11 @@ def host(name: str) -> str:
     return f"{PREFIX}:host:{name}"
 
 
+def host_devices(name: str) -> str:
+    """Set of the device ids on one host (moved together when its encoder budget fills)."""
+    return f"{PREFIX}:host:{name}:devices"
+
+
 def lease(lease_id: str) -> str:
     """Hash: holder, kind, device, amounts, token, expiry of one lease."""
     return f"{PREFIX}:lease:{lease_id}"
@@ -120,7 +128,8 @@ def lease_gone(lease_id: str) -> str:
 
 
 def project_policy(project: str) -> str:
-    """Hash: role -> comma-separated device classes the role may use in that project."""
+    """Hash: role -> comma-separated device classes the role may use in that project
+    (farm.alloc.policy says what the names mean)."""
     return f"{PREFIX}:project:{project}:policy"
 
 
@@ -250,3 +259,33 @@ def usage_totals(project: str) -> str:
     counter, ``u|class|kind`` ms of those without, ``j|class`` measured joules (earlier
     versions wrote ``s|class|kind`` and ``u|class`` in seconds; both are read)."""
     return f"{PREFIX}:usage:{project}:totals"
+
+
+# --- the same names in Lua ---------------------------------------------------------------------
+
+#: what a key's fixed parts may hold, so that they need no escaping inside a Lua string
+_LUA_PLAIN = re.compile(r"[A-Za-z0-9:_.|*-]*")
+
+
+def lua(*names: str) -> str:
+    """A Lua prelude that defines the named keys of this module in a table ``keys``: a
+    constant as ``keys.JOBS``, a key function as ``keys.job(job_id)``, each spelled by calling
+    the Python definition, so a script names a key as Python does and spells none itself."""
+    lines = ["local keys = {}"]
+    for name in names:
+        value = globals()[name]
+        if isinstance(value, str):
+            lines.append(f"keys.{name} = {_lua_text(value)}")
+            continue
+        params = list(inspect.signature(value).parameters)
+        # each argument becomes a marker in the spelled key, then a Lua parameter
+        parts = re.split("\0([0-9]+)\0", value(*(f"\0{i}\0" for i in range(len(params)))))
+        pieces = [params[int(p)] if i % 2 else _lua_text(p) for i, p in enumerate(parts) if p]
+        lines.append(f"function keys.{name}({', '.join(params)}) return {' .. '.join(pieces)} end")
+    return "\n".join(lines) + "\n"
+
+
+def _lua_text(text: str) -> str:
+    if not _LUA_PLAIN.fullmatch(text):
+        raise ValueError(f"key part {text!r} would need escaping in Lua")
+    return f"'{text}'"

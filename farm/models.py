@@ -233,6 +233,9 @@ class JobSpec:
     preview: bool = default_of("preview")
     #: the scene composites: tasks render every pass, PNG/JPEG are the compositor's result
     compositor: bool = False
+    #: the submitter's role in ``project``: each tile's lease asks the allocator as that role,
+    #: so the project's device policy holds on every worker; empty for an operator's (CLI) job
+    role: str = ""
     v: int = SCHEMA_VERSION
 
     @property

@@ -4,10 +4,13 @@ makes to a stream service, and what the service checks; operators' tokens too.
 A token is ``<payload>.<signature>``, both base64url; the payload is JSON::
 
     {"v": 1, "kind": "viewer", "project": "p", "session": "sid" or "" (a new session),
-     "role": "controller" | "spectator", "desktop": false, "exp": 1767225600}
+     "role": "controller" | "spectator", "desktop": false, "project_role": "member",
+     "exp": 1767225600}
 
 ``desktop`` says the project's policy lets this user launch desktop-like apps (a shell: project
 admins only unless the project says otherwise); the web decides it, the service obeys it.
+``project_role`` is the user's role in the project (admin, member, viewer): the session's
+lease asks the allocator as that role, so the project's device policy holds on the service.
 
 ``kind: operator`` reaches every route of the service (no project or session);
 ``operator_token(secret, ttl_s)`` makes one.
@@ -39,6 +42,7 @@ class StreamClaims:
     session: str = ""
     role: str = "spectator"
     desktop: bool = False
+    project_role: str = ""
     v: int = VERSION
 
     @property
@@ -73,12 +77,21 @@ def sign(secret: str, claims: StreamClaims) -> str:
 
 
 def viewer_token(
-    secret: str, project: str, session: str, role: str, ttl_s: float, desktop: bool = False
+    secret: str,
+    project: str,
+    session: str,
+    role: str,
+    ttl_s: float,
+    desktop: bool = False,
+    project_role: str = "",
 ) -> str:
-    """A token for one project's session (``session=""``: creating one), as ``role``."""
+    """A token for one project's session (``session=""``: creating one), as ``role``, for a
+    user whose role in the project is ``project_role``."""
     if role not in ROLES:
         raise ValueError(f"stream role {role!r} is not one of {ROLES}")
-    claims = StreamClaims("viewer", time.time() + ttl_s, project, session, role, desktop)
+    claims = StreamClaims(
+        "viewer", time.time() + ttl_s, project, session, role, desktop, project_role
+    )
     return sign(secret, claims)
 
 

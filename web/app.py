@@ -12,10 +12,12 @@ from aiohttp import web
 from farm import jobstore, queue
 from farm import metrics as farm_metrics
 from farm.accounts import Accounts
+from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from farm.storage.factory import farm_storage
 from web.appkeys import (
     ACCOUNTS,
+    ALLOCATOR,
     CHECKS,
     CONN,
     EXECUTOR,
@@ -48,6 +50,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     app[RQ_CONN] = rq_conn
     app[STORE] = jobstore.JobStore(conn)
     app[ACCOUNTS] = Accounts(conn)
+    app[ALLOCATOR] = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
     app[STORAGE] = farm_storage(settings)
     app[EXECUTOR] = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="web")
     app[WAITERS] = ThreadPoolExecutor(WAITER_THREADS, thread_name_prefix="web-wait")

@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from farm.accounts import Accounts, User
+from farm.alloc.allocator import SlotAllocator
 from farm.jobstore import JobStore
 from farm.redisclient import Redis
 from farm.settings import Settings
@@ -30,6 +31,8 @@ RQ_CONN = web.AppKey("rq_conn", Redis)
 STORE = web.AppKey("store", JobStore)
 STORAGE = web.AppKey("storage", Storage)
 ACCOUNTS = web.AppKey("accounts", Accounts)
+#: the slot allocator, for the projects' device policy it owns
+ALLOCATOR = web.AppKey("allocator", SlotAllocator)
 #: threads for Redis calls and file work (short calls)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 #: threads for calls that block for long: XREAD BLOCK of event streams, inspections

@@ -1,4 +1,4 @@
-"""Who is asking and what they may do: tokens, session cookies, roles and device policy."""
+"""Who is asking and what they may do: tokens, session cookies, roles, the device policy's check."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from aiohttp import web
 from farm.accounts import ROLE_RANK, User, check_name, check_role, digest
 from farm.errors import BadParameter, Forbidden, NotFound, Unauthorized
 from web import jsonio
-from web.appkeys import ACCOUNTS, ROUTES, SETTINGS, USER, blocking, user_of
+from web.appkeys import ACCOUNTS, ALLOCATOR, ROUTES, SETTINGS, USER, blocking, user_of
 
 if TYPE_CHECKING:
     from web.routes import Route
@@ -147,17 +147,11 @@ def role_in(request: web.Request, project: str, at_least: str = "viewer") -> str
 
 
 async def check_device(request: web.Request, project: str, role: str, device: str) -> None:
-    """Raise Forbidden unless the project's policy lets ``role`` use ``device``."""
-    policy = await blocking(request.app, request.app[ACCOUNTS].policy, project)
-    allowed = policy.get(role, ())
-    if device not in allowed:
-        shown = ", ".join(allowed) or "none"
-        raise Forbidden(
-            f"in project {project!r} the {role} role may use device classes: {shown}; "
-            f"not {device!r}",
-            project=project,
-            device=device,
-        )
+    """Raise Forbidden unless the project's device policy (the allocator's) lets ``role`` use
+    the device class ``device`` (``gpu``: some GPU class), before anything is queued or asked
+    of a stream service; the allocator holds every lease to the same policy."""
+    allocator = request.app[ALLOCATOR]
+    await blocking(request.app, allocator.check_policy, project, role, device)
 
 
 # --- routes ---------------------------------------------------------------------------------
@@ -204,7 +198,7 @@ async def _me(request: web.Request, user: User) -> dict[str, Any]:
     names = await blocking(request.app, accounts.project_names, projects)
     out = []
     for p in projects:
-        policy = await blocking(request.app, accounts.policy, p)
+        policy = await blocking(request.app, request.app[ALLOCATOR].policy, p)
         role = user.roles[p]
         out.append({"id": p, "name": names[p], "role": role, "devices": list(policy[role])})
     return {"user": user.name, "admin": user.admin, "projects": out}
@@ -244,31 +238,6 @@ async def revoke_token(request: web.Request) -> web.Response:
     await blocking(request.app, request.app[ACCOUNTS].revoke_token, token_id)
     log.info("event=token_revoked token_id=%s by=%s", token_id, user_of(request).name)
     return web.Response(status=204)
-
-
-async def set_policy(request: web.Request) -> web.Response:
-    project = request.match_info["project"]
-    role_in(request, project, "admin")
-    body = await jsonio.read_object(request, {"role": str, "devices": list, "desktop_apps": str})
-    if "role" not in body and "desktop_apps" not in body:
-        raise BadParameter("give a role with its devices, or desktop_apps, or both")
-    devices = body.get("devices", [])
-    if not all(isinstance(d, str) for d in devices):
-        raise BadParameter("devices must be a list of device class names")
-    accounts = request.app[ACCOUNTS]
-    if "desktop_apps" in body:
-        await blocking(request.app, accounts.set_desktop_role, project, body["desktop_apps"])
-    if "role" in body:
-        await blocking(request.app, accounts.set_policy, project, body["role"], devices)
-    policy = await blocking(request.app, accounts.policy, project)
-    desktop = await blocking(request.app, accounts.desktop_role, project)
-    return web.json_response(
-        {
-            "project": project,
-            "policy": {r: list(d) for r, d in policy.items()},
-            "desktop_apps": desktop,
-        }
-    )
 
 
 # --- browser sessions -------------------------------------------------------------------------

@@ -101,7 +101,7 @@ async def submit_job(request: web.Request) -> web.Response:
     # a flood of jobs meets the project's budget of queued tiles (429), not the farm's memory
     accepted = await blocking(
         app, accept, settings, app[STORE], render_queue, req, intake.source_of(rec), report,
-        max_tasks=max_tasks, admit=partial(limits.within_tile_budget, project),
+        max_tasks=max_tasks, admit=partial(limits.within_tile_budget, project), role=role,
     )  # fmt: skip
     log.info("event=job_submitted job=%s project=%s user=%s upload=%s device=%s priority=%d",
              accepted.job_id, project, user_of(request).name, upload_id, req.device,

@@ -9,73 +9,19 @@ from typing import Any
 
 from aiohttp import web
 
-from farm.errors import (
-    BadParameter,
-    Conflict,
-    FarmError,
-    Forbidden,
-    InputError,
-    NoCapacity,
-    NotFound,
-    OverLimit,
-    QueueError,
-    StorageError,
-    TooLarge,
-    Unauthorized,
-)
+from farm.errors import BadParameter, FarmError, TooLarge
+from farm.httperrors import error_body, http_error, status_of
 
 log = logging.getLogger("tessera.web")
 
 #: largest JSON body a route reads (uploads stream their bodies, they never come here)
 MAX_JSON_BYTES = 1 << 20
-#: seconds a client told 429 (a project at one of its limits) waits before trying again
-RETRY_AFTER_S = 5
-
-#: HTTP status of each kind of farm error, most specific first
-STATUS: list[tuple[type[FarmError], int]] = [
-    (Unauthorized, 401),
-    (Forbidden, 403),
-    (NotFound, 404),
-    (Conflict, 409),
-    (TooLarge, 413),
-    (OverLimit, 429),
-    (InputError, 400),
-    (NoCapacity, 503),
-    (QueueError, 503),
-    (StorageError, 503),
-]
-
-
-def status_of(exc: FarmError) -> int:
-    for cls, status in STATUS:
-        if isinstance(exc, cls):
-            return status
-    return 500
-
-
-def error_body(code: str, message: str, **fields: Any) -> dict[str, Any]:
-    return {"error": {**_jsonable(fields), "code": code, "message": message}}
-
-
-def _jsonable(fields: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in fields.items():
-        try:
-            json.dumps(v)
-            out[k] = v
-        except TypeError:
-            out[k] = str(v)
-    return out
 
 
 def error_response(exc: FarmError) -> web.Response:
-    status = status_of(exc)
-    resp = web.json_response(error_body(exc.code, exc.message, **exc.fields), status=status)
-    if status == 401:
-        resp.headers["WWW-Authenticate"] = 'Bearer realm="tessera"'
-    if status == 429:
-        resp.headers["Retry-After"] = str(RETRY_AFTER_S)
-    return resp
+    """The error's one HTTP form (farm.httperrors), as the stream services answer it too."""
+    err = http_error(exc)
+    return web.json_response(err.body, status=err.status, headers=err.headers)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

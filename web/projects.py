@@ -1,4 +1,4 @@
-"""Project routes: members (listing, removing) and the project's own limits."""
+"""Project routes: members (listing, removing), the project's own limits and its policy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from aiohttp import web
 from farm.accounts import check_name
 from farm.errors import BadParameter, Forbidden
 from web import jsonio
-from web.appkeys import ACCOUNTS, blocking, user_of
+from web.appkeys import ACCOUNTS, ALLOCATOR, blocking, user_of
 from web.auth import role_in
 from web.limits import LIMITS, limits_of
 
@@ -66,3 +66,31 @@ async def set_limits(request: web.Request) -> web.Response:
     await blocking(request.app, limits.set_allowed, project, dict(body))
     allowed = await blocking(request.app, limits.all_allowed, project)
     return web.json_response({"project": project, "limits": allowed})
+
+
+async def set_policy(request: web.Request) -> web.Response:
+    """The project's admins (and farm admins) set which device classes a role may lease (the
+    allocator's policy: every later lease obeys it) and which role may launch desktop apps."""
+    project = request.match_info["project"]
+    _manage(request, project)
+    body = await jsonio.read_object(request, {"role": str, "devices": list, "desktop_apps": str})
+    if "role" not in body and "desktop_apps" not in body:
+        raise BadParameter("give a role with its devices, or desktop_apps, or both")
+    app = request.app
+    accounts, allocator = app[ACCOUNTS], app[ALLOCATOR]
+    if "desktop_apps" in body:
+        await blocking(app, accounts.set_desktop_role, project, body["desktop_apps"])
+    if "role" in body:
+        devices = body.get("devices", [])
+        await blocking(app, allocator.set_policy, project, body["role"], devices)
+        log.info("event=policy_set project=%s role=%s devices=%s by=%s", project, body["role"],
+                 ",".join(devices), user_of(request).name)  # fmt: skip
+    policy = await blocking(app, allocator.policy, project)
+    desktop = await blocking(app, accounts.desktop_role, project)
+    return web.json_response(
+        {
+            "project": project,
+            "policy": {r: list(d) for r, d in policy.items()},
+            "desktop_apps": desktop,
+        }
+    )

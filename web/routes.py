@@ -106,9 +106,11 @@ def table() -> list[Route]:
           "set a project's own limits (farm admins)",
           body={"uploads_in_flight": I, "inspections": I, "queued_tiles": I,
                 "tiles_per_job": I, "stored_bytes": I}, tags=("accounts",)),
-        R("PUT", "/api/projects/{project}/policy", auth.set_policy,
-          "set the device classes a role may use (project admins)",
-          body={"role": S, "devices": {"type": "array", "items": S}}, tags=("accounts",)),
+        R("PUT", "/api/projects/{project}/policy", projects.set_policy,
+          "set the device classes a role may lease (cpu, t4, a100, ...; gpu: every GPU "
+          "class) and who may launch desktop apps (project admins)",
+          body={"role": S, "devices": {"type": "array", "items": S}, "desktop_apps": S},
+          tags=("accounts",)),
         # uploads (sessions first: /api/uploads/sessions must not match {upload_id})
         R("POST", "/api/uploads/sessions", uploads.create_session,
           "start a resumable upload", body={"project": S, "name": S, "size": I},

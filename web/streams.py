@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from farm import keys, streamauth
-from farm.errors import BadParameter, FarmError, Forbidden, NoCapacity, NotFound
+from farm.errors import BadParameter, FarmError, Forbidden, NoCapacity, NotFound, error_class
 from farm.redisclient import guard
 from web import jsonio
 from web.appkeys import ACCOUNTS, CONN, HTTP, SETTINGS, blocking, user_of
@@ -59,11 +59,18 @@ def token(
     desktop: bool = False,
 ) -> str:
     """A stream token for one call: this project, this session ("" = a new one), as this
-    viewer role; ``desktop`` when the project's policy lets the user launch desktop apps."""
+    viewer role; ``desktop`` when the project's policy lets the user launch desktop apps. It
+    carries the user's role in the project: a session's lease obeys the device policy for it."""
     settings = request.app[SETTINGS]
     streamauth.check_secret(settings.stream_secret)
     return streamauth.viewer_token(
-        settings.stream_secret, project, session, role, settings.stream_token_ttl_s, desktop
+        settings.stream_secret,
+        project,
+        session,
+        role,
+        settings.stream_token_ttl_s,
+        desktop,
+        project_role=user_of(request).role(project) or "",
     )
 
 
@@ -96,8 +103,16 @@ async def call(
 
 
 def _answer(status: int, data: Any) -> web.Response:
+    """The stream service's answer; an error it names is raised again as that farm error, so
+    the web answers it in the one HTTP form (farm.httperrors) with its headers (Retry-After)."""
     if status == 204:
         return web.Response(status=204)
+    error = data.get("error") if status >= 400 and isinstance(data, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        cls = error_class(str(error.get("code")))
+        if cls.code == error.get("code"):
+            fields = {k: v for k, v in error.items() if k not in ("code", "message")}
+            raise cls(error["message"], **fields)
     return web.json_response(data, status=status)
 
 
@@ -206,7 +221,8 @@ async def create_session(request: web.Request) -> web.Response:
             log.info("event=stream_started session=%s project=%s user=%s device=%s",
                      data["session_id"], project, user, service.get("device_id"))  # fmt: skip
             return web.json_response({**data, "project": project, "owner": user}, status=201)
-        if status not in (409, 503):
+        # full now (503) or never on that device (422): another service may take it
+        if status not in (422, 503):
             break
     return _answer(status, data)
 

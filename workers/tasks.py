@@ -201,6 +201,7 @@ def _render_request(ctx: WorkerContext, spec: JobSpec, job_id: str = "") -> Requ
         render_slots=1,
         device_ids=(ctx.device.id,),
         project=spec.project,
+        role=spec.role,
         job=job_id,
     )
 

@@ -3,7 +3,6 @@ renders and streams through fenced, expiring leases held in Redis."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
@@ -12,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm import keys
-from farm.alloc import scripts
+from farm.accounts import check_role
+from farm.alloc import policy, scripts
 from farm.errors import BadParameter, LeaseLost, NeverFits, NoCapacity
 from farm.redisclient import Redis, guard
 
@@ -30,6 +30,8 @@ class Request:
     classes: tuple[str, ...] = ()
     device_ids: tuple[str, ...] = ()
     project: str = ""
+    #: the asker's role in ``project``: the acquire script applies the project's device policy
+    #: for it; empty for an operator's request (the CLI, an operator's stream token)
     role: str = ""
     #: the job the lease works for (usage accounting); empty for streams
     job: str = ""
@@ -42,6 +44,10 @@ class Request:
         for name in ("vram_mib", "encoder_sessions", "render_slots"):
             if getattr(self, name) < 0:
                 raise BadParameter(f"{name} must be 0 or more")
+        if self.role:
+            check_role(self.role)
+            if not self.project:
+                raise BadParameter(f"a request as role {self.role!r} must name its project")
 
     def describe(self) -> str:
         parts = [f"{self.vram_mib} MiB VRAM"] if self.vram_mib else []
@@ -161,8 +167,8 @@ class SlotAllocator:
     # --- leases --------------------------------------------------------------------------------
 
     def try_acquire(self, holder: str, request: Request) -> Lease | None:
-        """One attempt: a lease, None when it could fit later, NeverFits when it never can."""
-        request = self._apply_policy(request)
+        """One attempt: a lease, None when it could fit later, NeverFits when it never can,
+        Forbidden when the project's device policy keeps the request's role off the devices."""
         lease_id = uuid.uuid4().hex
         reply = guard(
             self._acquire,
@@ -170,10 +176,13 @@ class SlotAllocator:
                 self._now(), request.kind, holder, lease_id, request.vram_mib,
                 request.encoder_sessions, request.render_slots, self.ttl_ms,
                 ",".join(request.classes), ",".join(request.device_ids),
-                "1" if request.preempt else "0", request.project, request.job,
+                "1" if request.preempt else "0", request.project, request.job, request.role,
             ],
         )  # fmt: skip
         outcome = _text(reply[0])
+        if outcome == "forbidden":
+            allowed, refused = policy.parse(_text(reply[1])), _text(reply[2]).replace(",", "/")
+            raise policy.refusal(request.project, request.role, allowed, refused)
         if outcome == "never":
             raise NeverFits(
                 f"no device in the pool can ever hold a {request.describe()}",
@@ -228,28 +237,24 @@ class SlotAllocator:
         value = guard(self.conn.get, keys.lease_gone(lease_id))
         return None if value is None else _text(value)
 
-    # --- policy --------------------------------------------------------------------------------
+    # --- the projects' device policy (farm.alloc.policy) ----------------------------------
+
+    def policy(self, project: str) -> dict[str, tuple[str, ...]]:
+        """Every role's device classes in ``project`` (its own settings over the defaults)."""
+        stored = guard(self.conn.hgetall, keys.project_policy(project))
+        return policy.resolve({_text(k): _text(v) for k, v in stored.items()})
 
     def set_policy(self, project: str, role: str, classes: Sequence[str]) -> None:
-        """Which device classes ``role`` may use in ``project`` (e.g. only admins on a100)."""
-        guard(self.conn.hset, keys.project_policy(project), role, ",".join(classes))
+        """Which device classes ``role`` may lease in ``project`` (``gpu``: every GPU class);
+        leases already granted are kept, every later acquire obeys it."""
+        check_role(role)
+        named = policy.check_classes(classes)
+        guard(self.conn.hset, keys.project_policy(project), role, ",".join(named))
 
-    def _apply_policy(self, request: Request) -> Request:
-        if not request.project or not request.role:
-            return request
-        raw = guard(self.conn.hget, keys.project_policy(request.project), request.role)
-        if raw is None:
-            return request
-        allowed = tuple(c for c in _text(raw).split(",") if c)
-        classes = tuple(c for c in request.classes if c in allowed) if request.classes else allowed
-        if not classes:
-            raise NeverFits(
-                f"role {request.role!r} of project {request.project!r} may not use "
-                f"{'/'.join(request.classes)} (allowed: {', '.join(allowed) or 'none'})",
-                project=request.project,
-                role=request.role,
-            )
-        return dataclasses.replace(request, classes=classes)
+    def check_policy(self, project: str, role: str, device_class: str) -> None:
+        """Forbidden unless ``role`` may lease ``device_class`` (or, for ``gpu``, some GPU
+        class) in ``project``: for a caller that picks a device or queue before asking."""
+        policy.check(project, role, self.policy(project)[check_role(role)], device_class)
 
     # --- reading -------------------------------------------------------------------------------
 

@@ -7,13 +7,33 @@ needs no separate reaper). A request pinned to devices reads those devices only;
 walks a placement index (per device class and lease kind, scored by preference, devices
 without room in the kind's own dimension pushed behind ``PENALTY``) from its best end and takes
 the first device that fits. Time is Redis's own clock (``TIME``) unless the caller passes one
-(tests drive time explicitly).
+(tests drive time explicitly). Every key comes from ``farm.keys`` (``KEYS_LUA``), and the device
+policy's defaults from ``farm.alloc.policy``.
 """
 
 from __future__ import annotations
 
-PRELUDE = r"""
-local P = 'tessera:'
+from farm import keys
+from farm.alloc import policy
+from farm.alloc.devices import CPU_CLASS
+
+#: the keys the scripts use, as farm.keys spells them (a Lua table ``keys``)
+KEYS_LUA = keys.lua(
+    "DEVICES", "LEASE_EXPIRY", "LEASE_REVOKED", "DEVICE_ALIVE", "DEVICE_CLASSES", "DEVICE_SHAPES",
+    "USAGE_PROJECTS", "placement", "device", "device_leases", "agent", "host", "host_devices",
+    "lease", "lease_gone", "project_policy", "usage", "usage_totals",
+)  # fmt: skip
+
+
+def _lua_defaults() -> str:
+    roles = ", ".join(f"{role}='{','.join(classes)}'" for role, classes in policy.DEFAULT.items())
+    return f"local DEFAULT_POLICY = {{{roles}}}\nlocal GPU, CPU = '{policy.GPU}', '{CPU_CLASS}'\n"
+
+
+PRELUDE = (
+    KEYS_LUA
+    + _lua_defaults()
+    + r"""
 -- placement scores are below 2; a device without room in the kind's own dimension (render
 -- slots for renders, encoder sessions for streams) scores this much more, so walks stop there
 local PENALTY = 10
@@ -41,7 +61,7 @@ local function csv_list(text)
 end
 
 local function device_fields(d)
-  return redis.call('HMGET', P .. 'device:' .. d, unpack(FIELDS))
+  return redis.call('HMGET', keys.device(d), unpack(FIELDS))
 end
 
 -- free memory, encoder sessions and render slots of a device's fields
@@ -64,7 +84,7 @@ local function scores(f)
 end
 
 local function index_key(class, kind)
-  return P .. 'place:' .. (class or '') .. ':' .. kind
+  return keys.placement(class or '', kind)
 end
 
 -- keep a device's place in its class's indexes: there while alive and available. A change
@@ -74,7 +94,7 @@ end
 -- A device on a host whose encoder budget is spent (consumer drivers cap sessions per system)
 -- goes behind the stream index's penalty too, or every stream placement would walk past it.
 local function host_full(host)
-  local hb = redis.call('HMGET', P .. 'host:' .. (host or ''), 'budget', 'used_enc')
+  local hb = redis.call('HMGET', keys.host(host or ''), 'budget', 'used_enc')
   local budget = tonumber(hb[1] or '-1')
   return budget >= 0 and tonumber(hb[2] or '0') >= budget
 end
@@ -102,11 +122,11 @@ end
 -- Change a host's encoder sessions in use; when its budget fills up or frees (a consumer host),
 -- its other devices move in the stream index (the lease's own device is placed by the caller).
 local function host_encoders(host, delta, except, now)
-  local hk = P .. 'host:' .. host
+  local hk = keys.host(host)
   local used = redis.call('HINCRBY', hk, 'used_enc', delta)
   local budget = tonumber(redis.call('HGET', hk, 'budget') or '-1')
   if budget >= 0 and (used >= budget) ~= (used - delta >= budget) then
-    for _, d in ipairs(redis.call('SMEMBERS', hk .. ':devices')) do
+    for _, d in ipairs(redis.call('SMEMBERS', keys.host_devices(host))) do
       if d ~= except then place(d, device_fields(d), now, true) end
     end
   end
@@ -127,12 +147,12 @@ local function record_usage(id, l, why, now, f)
   local ms = stop - start
   local joules = ''
   if l[11] then joules = math.max(0, tonumber(f[13] or '0') - tonumber(l[11])) end
-  redis.call('XADD', P .. 'usage:' .. project, '*', 'lease', id, 'project', project,
+  redis.call('XADD', keys.usage(project), '*', 'lease', id, 'project', project,
              'job', l[8] or '', 'holder', l[12] or '', 'kind', l[6] or '', 'device', l[1],
              'class', class, 'model', f[12] or '', 'host', l[5] or '', 'vram', l[2],
              'enc', l[3], 'slots', l[4], 'start_ms', start, 'end_ms', stop,
              'energy_j', joules, 'why', why)
-  local tk = P .. 'usage:' .. project .. ':totals'
+  local tk = keys.usage_totals(project)
   local measured = 'u|'
   if joules ~= '' then
     measured = 'm|'
@@ -140,7 +160,7 @@ local function record_usage(id, l, why, now, f)
   end
   -- a total that starts now may be the project's first: list the project then
   if redis.call('HINCRBY', tk, measured .. class .. '|' .. (l[6] or ''), ms) == ms then
-    redis.call('SADD', P .. 'usage-projects', project)
+    redis.call('SADD', keys.USAGE_PROJECTS, project)
   end
 end
 
@@ -148,13 +168,13 @@ end
 -- holder, move its device in the placement indexes. ``now`` (epoch ms) is when it ended.
 -- ``token`` (optional): end it only when it is still this one (a release).
 local function free(id, why, now, token)
-  local lk = P .. 'lease:' .. id
+  local lk = keys.lease(id)
   local l = redis.call('HMGET', lk, 'device', 'vram', 'enc', 'slots', 'host', 'kind', 'project',
                        'job', 'granted', 'expires', 'epl0', 'holder', 'token')
   if token ~= nil and l[13] ~= token then return false end
-  redis.call('ZREM', P .. 'lease-expiry', id)
+  redis.call('ZREM', keys.LEASE_EXPIRY, id)
   if not l[1] then return false end
-  local dk = P .. 'device:' .. l[1]
+  local dk = keys.device(l[1])
   local f = device_fields(l[1])
   f[7] = tonumber(f[7] or '0') - tonumber(l[2])
   f[8] = tonumber(f[8] or '0') - tonumber(l[3])
@@ -163,13 +183,13 @@ local function free(id, why, now, token)
   if tonumber(l[3]) > 0 then
     host_encoders(l[5], 0 - tonumber(l[3]), l[1], now)
   end
-  redis.call('SREM', dk .. ':leases', id)
+  redis.call('SREM', keys.device_leases(l[1]), id)
   record_usage(id, l, why, now, f)
   redis.call('DEL', lk)
   -- the reason is kept for a holder that did not end the lease itself (expired, revoked)
-  if why ~= 'released' then redis.call('SET', lk .. ':gone', why, 'PX', 600000) end
+  if why ~= 'released' then redis.call('SET', keys.lease_gone(id), why, 'PX', 600000) end
   if string.sub(why, 1, 7) == 'revoked' then
-    redis.call('PUBLISH', P .. 'lease-revoked', id)
+    redis.call('PUBLISH', keys.LEASE_REVOKED, id)
   end
   place(l[1], f, now, tonumber(l[3]) > 0)
   return true
@@ -179,11 +199,11 @@ local DEAD = "revoked: the device's agent stopped answering"
 
 -- a device whose agents all went silent: its leases end, it leaves the placement indexes
 local function reap_device(d, now)
-  redis.call('ZREM', P .. 'device-alive', d)
-  for _, id in ipairs(redis.call('SMEMBERS', P .. 'device:' .. d .. ':leases')) do
+  redis.call('ZREM', keys.DEVICE_ALIVE, d)
+  for _, id in ipairs(redis.call('SMEMBERS', keys.device_leases(d))) do
     free(id, DEAD, now)
   end
-  local class = redis.call('HGET', P .. 'device:' .. d, 'class')
+  local class = redis.call('HGET', keys.device(d), 'class')
   for _, c in ipairs({class, ANY}) do
     redis.call('ZREM', index_key(c, 'render'), d)
     redis.call('ZREM', index_key(c, 'stream'), d)
@@ -192,20 +212,22 @@ end
 
 -- work in proportion to what expired since the last call, never to the farm's size
 local function reclaim(now)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'lease-expiry', '-inf', now,
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', keys.LEASE_EXPIRY, '-inf', now,
                                  'LIMIT', 0, REAP)) do
     free(id, 'expired', now)
   end
-  for _, d in ipairs(redis.call('ZRANGEBYSCORE', P .. 'device-alive', '-inf', '(' .. now,
+  for _, d in ipairs(redis.call('ZRANGEBYSCORE', keys.DEVICE_ALIVE, '-inf', '(' .. now,
                                 'LIMIT', 0, REAP)) do
     reap_device(d, now)
   end
 end
 """
+)
 
 # ARGV: now|'', kind, holder, lease_id, vram, enc, slots, ttl_ms, classes csv, device ids csv,
-#       preempt '1'|'0', project, job
+#       preempt '1'|'0', project, job, role ('' none: an operator's request, no policy)
 # -> {'ok', device, token, expires_ms, revoked} | {'never'} | {'busy'}
+#    | {'forbidden', classes the role may use csv, classes refused csv}
 ACQUIRE = (
     PRELUDE
     + r"""
@@ -217,13 +239,44 @@ local class_list, id_list = csv_list(ARGV[9]), csv_list(ARGV[10])
 local classes = {}
 for _, c in ipairs(class_list) do classes[c] = true end
 local any_class = #class_list == 0
+-- the project's device policy for the asking role: the classes it may lease (farm.alloc.policy)
+local role = ARGV[14] or ''
+local allowed, granted = nil, ''
+if role ~= '' then
+  granted = redis.call('HGET', keys.project_policy(ARGV[12]), role) or DEFAULT_POLICY[role] or ''
+  allowed = {}
+  for _, c in ipairs(csv_list(granted)) do allowed[c] = true end
+end
+local function permitted(class)
+  return allowed == nil or allowed[class] == true or (allowed[GPU] == true and class ~= CPU)
+end
+local refused = {}
+local function forbidden()
+  table.sort(refused)
+  return {'forbidden', granted, table.concat(refused, ',')}
+end
+if allowed ~= nil and #id_list == 0 then
+  -- the walk, the never-fits check and preemption see the permitted classes only (a handful)
+  local pool = class_list
+  if any_class then pool = redis.call('SMEMBERS', keys.DEVICE_CLASSES) end
+  local kept = {}
+  for _, c in ipairs(pool) do
+    if permitted(c) then table.insert(kept, c) else table.insert(refused, c) end
+  end
+  if #kept == 0 and #refused > 0 then return forbidden() end
+  if #refused > 0 or not any_class then
+    table.sort(kept)
+    class_list, any_class, classes = kept, false, {}
+    for _, c in ipairs(kept) do classes[c] = true end
+  end
+end
 -- host -> whether its encoder budget has room for this request (devices share hosts)
 local host_room = {}
 local function host_ok(host)
   if enc <= 0 then return true end
   local ok = host_room[host]
   if ok == nil then
-    local hb = redis.call('HMGET', P .. 'host:' .. host, 'budget', 'used_enc')
+    local hb = redis.call('HMGET', keys.host(host), 'budget', 'used_enc')
     local budget = tonumber(hb[1] or '-1')
     ok = budget < 0 or tonumber(hb[2] or '0') + enc <= budget
     host_room[host] = ok
@@ -270,9 +323,13 @@ if #id_list > 0 then
   for _, d in ipairs(id_list) do
     local f = device_fields(d)
     if f[3] and (any_class or classes[f[3]]) then
-      searched[#searched + 1] = {d, f}
-      if could_ever(f) then ever = true end
-      if fits(d, f) then consider(d, f, score_of(f)) end
+      if not permitted(f[3]) then
+        table.insert(refused, f[3])
+      else
+        searched[#searched + 1] = {d, f}
+        if could_ever(f) then ever = true end
+        if fits(d, f) then consider(d, f, score_of(f)) end
+      end
     end
   end
 else
@@ -300,19 +357,29 @@ end
 
 local revoked = 0
 if best == nil then
+  -- whether a class the policy refuses could hold it (then the refusal says more than never)
+  local refused_fits = false
   if #id_list == 0 then
     -- could any device of those classes ever hold it? (one entry per distinct shape)
-    local shapes = redis.call('HGETALL', P .. 'shapes')
+    local out_of_policy = {}
+    for _, c in ipairs(refused) do out_of_policy[c] = true end
+    local shapes = redis.call('HGETALL', keys.DEVICE_SHAPES)
     for i = 1, #shapes, 2 do
       local c, v, e, s = string.match(shapes[i], '^(.*)|(%d+)|(%d+)|(%d+)$')
-      if c and tonumber(shapes[i + 1]) > 0 and (any_class or classes[c])
+      if c and tonumber(shapes[i + 1]) > 0
          and tonumber(v) >= vram and tonumber(e) >= enc and tonumber(s) >= slots then
-        ever = true
-        break
+        if any_class or classes[c] then
+          ever = true
+          break
+        end
+        if out_of_policy[c] then refused_fits = true end
       end
     end
   end
-  if not ever then return {'never'} end
+  if not ever then
+    if #refused > 0 and (#id_list > 0 or refused_fits) then return forbidden() end
+    return {'never'}
+  end
   if kind ~= 'stream' or ARGV[11] ~= '1' then return {'busy'} end
   -- preemption (rare: the farm is full for streams) reads every candidate device
   if #id_list == 0 then
@@ -330,8 +397,8 @@ if best == nil then
     if tonumber(f[1] or '0') >= now and f[10] == '1' and host_ok(f[2]) then
       local fv, fe, fs = room(f)
       local gv, ge, gs, renders = 0, 0, 0, {}
-      for _, id in ipairs(redis.call('SMEMBERS', P .. 'device:' .. d .. ':leases')) do
-        local l = redis.call('HMGET', P .. 'lease:' .. id, 'kind', 'vram', 'enc', 'slots', 'token')
+      for _, id in ipairs(redis.call('SMEMBERS', keys.device_leases(d))) do
+        local l = redis.call('HMGET', keys.lease(id), 'kind', 'vram', 'enc', 'slots', 'token')
         if l[1] == 'render' then
           gv, ge, gs = gv + tonumber(l[2]), ge + tonumber(l[3]), gs + tonumber(l[4])
           table.insert(renders, {id, tonumber(l[5]), tonumber(l[2]), tonumber(l[3]), tonumber(l[4])})
@@ -356,19 +423,19 @@ if best == nil then
   end
   best, best_f = pick, device_fields(pick)
 end
-local dk = P .. 'device:' .. best
+local dk = keys.device(best)
 local token = tonumber(best_f[15] or '0') + 1
 local expires = now + tonumber(ARGV[8])
 local id = ARGV[4]
-local lk = P .. 'lease:' .. id
+local lk = keys.lease(id)
 redis.call('HSET', lk, 'holder', ARGV[3], 'kind', kind, 'device', best,
            'vram', vram, 'enc', enc, 'slots', slots, 'host', best_f[2], 'token', token,
            'expires', expires, 'project', ARGV[12], 'granted', now, 'job', ARGV[13] or '')
 -- where an agent reports the device's energy counter, the lease's share of it starts here
 if best_f[14] then redis.call('HSET', lk, 'epl0', best_f[13] or '0') end
 -- (lease ids are fresh uuids: no earlier ``:gone`` record to clear)
-redis.call('ZADD', P .. 'lease-expiry', expires, id)
-redis.call('SADD', dk .. ':leases', id)
+redis.call('ZADD', keys.LEASE_EXPIRY, expires, id)
+redis.call('SADD', keys.device_leases(best), id)
 best_f[7] = tonumber(best_f[7] or '0') + vram
 best_f[8] = tonumber(best_f[8] or '0') + enc
 best_f[9] = tonumber(best_f[9] or '0') + slots
@@ -385,22 +452,22 @@ RENEW = (
     PRELUDE
     + r"""
 local now = clock(ARGV[1])
-local lk = P .. 'lease:' .. ARGV[2]
+local lk = keys.lease(ARGV[2])
 local l = redis.call('HMGET', lk, 'token', 'expires', 'device')
 if not l[1] or l[1] ~= ARGV[3] then
-  return {'gone', redis.call('GET', lk .. ':gone') or 'unknown lease'}
+  return {'gone', redis.call('GET', keys.lease_gone(ARGV[2])) or 'unknown lease'}
 end
 if tonumber(l[2]) < now then
   free(ARGV[2], 'expired', now)
   return {'gone', 'expired'}
 end
-if tonumber(redis.call('HGET', P .. 'device:' .. l[3], 'alive_until') or '0') < now then
+if tonumber(redis.call('HGET', keys.device(l[3]), 'alive_until') or '0') < now then
   free(ARGV[2], DEAD, now)
   return {'gone', DEAD}
 end
 local expires = now + tonumber(ARGV[4])
 redis.call('HSET', lk, 'expires', expires)
-redis.call('ZADD', P .. 'lease-expiry', expires, ARGV[2])
+redis.call('ZADD', keys.LEASE_EXPIRY, expires, ARGV[2])
 return {'ok', expires}
 """
 )
@@ -419,10 +486,10 @@ CHECK = (
     PRELUDE
     + r"""
 local now = clock(ARGV[1])
-local l = redis.call('HMGET', P .. 'lease:' .. ARGV[2], 'token', 'expires', 'device')
+local l = redis.call('HMGET', keys.lease(ARGV[2]), 'token', 'expires', 'device')
 if l[1] ~= ARGV[3] or tonumber(l[2]) < now then return 0 end
 -- a lease on a device whose agents all went silent no longer counts, reclaimed or not
-if tonumber(redis.call('HGET', P .. 'device:' .. l[3], 'alive_until') or '0') < now then return 0 end
+if tonumber(redis.call('HGET', keys.device(l[3]), 'alive_until') or '0') < now then return 0 end
 return 1
 """
 )
@@ -439,19 +506,19 @@ local now = clock(ARGV[1])
 reclaim(now)
 local out = {}
 local devices = csv_list(ARGV[2])
-if #devices == 0 then devices = redis.call('SMEMBERS', P .. 'devices') end
+if #devices == 0 then devices = redis.call('SMEMBERS', keys.DEVICES) end
 table.sort(devices)
 for _, d in ipairs(devices) do
-  local dk = P .. 'device:' .. d
+  local dk = keys.device(d)
   local fields = {}
   local flat = redis.call('HGETALL', dk)
   for i = 1, #flat, 2 do fields[flat[i]] = flat[i + 1] end
   local leases = {}
-  local ids = redis.call('SMEMBERS', dk .. ':leases')
+  local ids = redis.call('SMEMBERS', keys.device_leases(d))
   table.sort(ids)
   for _, id in ipairs(ids) do
     local row = {}
-    local lflat = redis.call('HGETALL', P .. 'lease:' .. id)
+    local lflat = redis.call('HGETALL', keys.lease(id))
     for i = 1, #lflat, 2 do row[lflat[i]] = lflat[i + 1] end
     table.insert(leases, {id, row})
   end
@@ -469,15 +536,15 @@ REGISTER = (
     + r"""
 local now = clock(ARGV[1])
 local until_ms = now + tonumber(ARGV[3])
-redis.call('SET', P .. 'agent:' .. ARGV[2], 'alive', 'PX', ARGV[3])
-redis.call('HSET', P .. 'host:' .. ARGV[4], 'budget', ARGV[5])
-redis.call('HSETNX', P .. 'host:' .. ARGV[4], 'used_enc', 0)
+redis.call('SET', keys.agent(ARGV[2]), 'alive', 'PX', ARGV[3])
+redis.call('HSET', keys.host(ARGV[4]), 'budget', ARGV[5])
+redis.call('HSETNX', keys.host(ARGV[4]), 'used_enc', 0)
 for _, d in ipairs(cjson.decode(ARGV[6])) do
-  local dk = P .. 'device:' .. d['id']
+  local dk = keys.device(d['id'])
   local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape', 'offer')
   local alive_until = math.max(tonumber(old[1] or '0'), until_ms)
   redis.call('HSET', dk, 'alive_until', alive_until)
-  redis.call('ZADD', P .. 'device-alive', alive_until, d['id'])
+  redis.call('ZADD', keys.DEVICE_ALIVE, alive_until, d['id'])
   local class = d['device_class']
   local offer = table.concat({ARGV[2], ARGV[4], class, d['model'], d['vram_mib'],
                               d['encoder_sessions'], d['render_slots'], d['available'],
@@ -497,16 +564,16 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
       redis.call('ZREM', index_key(old[2], 'render'), d['id'])
       redis.call('ZREM', index_key(old[2], 'stream'), d['id'])
     end
-    redis.call('SADD', P .. 'classes', class)
-    redis.call('SADD', P .. 'host:' .. ARGV[4] .. ':devices', d['id'])
+    redis.call('SADD', keys.DEVICE_CLASSES, class)
+    redis.call('SADD', keys.host_devices(ARGV[4]), d['id'])
     -- the count of devices of each shape answers "could this ever fit?" without a scan
     local shape = class .. '|' .. d['vram_mib'] .. '|' .. d['encoder_sessions'] .. '|'
                   .. d['render_slots']
     if old[3] ~= shape then
-      if old[3] and redis.call('HINCRBY', P .. 'shapes', old[3], -1) <= 0 then
-        redis.call('HDEL', P .. 'shapes', old[3])
+      if old[3] and redis.call('HINCRBY', keys.DEVICE_SHAPES, old[3], -1) <= 0 then
+        redis.call('HDEL', keys.DEVICE_SHAPES, old[3])
       end
-      redis.call('HINCRBY', P .. 'shapes', shape, 1)
+      redis.call('HINCRBY', keys.DEVICE_SHAPES, shape, 1)
       redis.call('HSET', dk, 'shape', shape)
     end
   end
@@ -516,12 +583,12 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
   local e = tonumber(d['energy_j'] or -1)
   if e >= 0 then
     local by = redis.call('HGET', dk, 'energy_by')
-    if by ~= ARGV[2] and (not by or redis.call('EXISTS', P .. 'agent:' .. by) == 0) then
+    if by ~= ARGV[2] and (not by or redis.call('EXISTS', keys.agent(by)) == 0) then
       redis.call('HSET', dk, 'energy_by', ARGV[2], 'energy_last', e)
     elseif by == ARGV[2] then
       local delta = e - tonumber(redis.call('HGET', dk, 'energy_last') or e)
       if delta > 0 then
-        local n = redis.call('SCARD', dk .. ':leases')
+        local n = redis.call('SCARD', keys.device_leases(d['id']))
         if n > 0 then
           redis.call('HINCRBYFLOAT', dk, 'epl', delta / n)
         else
@@ -533,7 +600,7 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
     end
   end
   if changed then
-    redis.call('SADD', P .. 'devices', d['id'])
+    redis.call('SADD', keys.DEVICES, d['id'])
     place(d['id'], device_fields(d['id']), now, true)
   end
 end

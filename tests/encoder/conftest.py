@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from encoder.source import APP_MARK
 from farm.settings import Settings
 from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS

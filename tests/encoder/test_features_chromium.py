@@ -19,8 +19,9 @@ import av
 import pytest
 from playwright.sync_api import Browser, FilePayload, Page
 
+from encoder.app import running
 from encoder.gamepad import UINPUT, PadState
-from encoder.service import StreamService, running
+from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
 from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS

@@ -15,7 +15,8 @@ import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.test_stream_video import api, run

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page
 
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
 from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import redis
 
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from tests.encoder import tokens
@@ -195,7 +196,7 @@ def test_admission_follows_the_measured_encoder_throughput_and_says_why_it_refus
             sessions = f"{url}/api/streams/sessions"
             huge = {"app": "testpattern", "width": 3840, "height": 2160, "fps": 144}
             status, refused = await api(http, "POST", sessions, huge)
-            assert status == 409, refused
+            assert (status, refused["error"]["code"]) == (422, "never_fits"), refused
             message = refused["error"]["message"]
             assert "encodes about 5 Mpx/s" in message and "at most 1 fps" in message, message
             small = {"app": "testpattern", "width": 640, "height": 360, "fps": 30}

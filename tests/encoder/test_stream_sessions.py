@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import redis
 
-from encoder.service import running
+from encoder.app import running
 from farm import keys
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
@@ -314,7 +314,7 @@ def test_a_gpu_without_nvenc_refuses_streams_for_good(stream_settings: Settings)
         async with aiohttp.ClientSession(headers=operator_headers()) as http:
             status, refused = await api(http, "POST", f"{url}/api/streams/sessions",
                                         SMALL_PATTERN)  # fmt: skip
-            assert (status, refused["error"]["code"]) == (409, "no_capacity")
+            assert (status, refused["error"]["code"]) == (422, "never_fits")
             assert "can never hold a stream session" in refused["error"]["message"], refused
 
     with running(settings) as service:

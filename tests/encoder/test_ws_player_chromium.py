@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, Request, Route, sync_playwright
 
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
 from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS

@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
-from farm.errors import LeaseLost, NeverFits, NoCapacity
+from farm.errors import Forbidden, LeaseLost, NeverFits, NoCapacity
 
 T4 = DeviceOffer("gpu-t4", "t4", "Tesla T4", 15360, 8, 2)
 L4 = DeviceOffer("gpu-l4", "l4", "NVIDIA L4", 23034, 16, 2)
@@ -78,17 +78,36 @@ def test_tokens_grow_and_a_reissued_device_fences_the_old_holder(
     assert lost.value.fields["why"] == "expired"
 
 
-def test_role_policy_limits_device_classes(alloc: SlotAllocator) -> None:
+def test_the_projects_device_policy_is_applied_inside_the_acquire(alloc: SlotAllocator) -> None:
     alloc.set_policy("film", "member", ["t4", "l4"])
-    alloc.set_policy("film", "admin", ["t4", "l4", "a100"])
+    alloc.set_policy("film", "admin", ["gpu"])
+    assert alloc.policy("film") == {"admin": ("gpu",), "member": ("t4", "l4"), "viewer": ()}
+    # only an A100 holds 40 GB, and members may not use it: the policy says so, not "never"
     member = Request("render", vram_mib=40_000, project="film", role="member")
+    with pytest.raises(Forbidden) as err:
+        alloc.acquire("m", member, wait_s=30)
+    assert "may use device classes: t4, l4; not 'a100'" in err.value.message
+    for refused in (
+        Request("render", classes=("a100",), project="film", role="member"),
+        Request("render", device_ids=(A100.id,), project="film", role="member"),  # a worker's
+        Request("render", project="film", role="viewer"),  # viewers lease nothing by default
+    ):
+        with pytest.raises(Forbidden):
+            alloc.acquire("m", refused)
+    # what members may use they get; what fits nowhere is still "never"
+    small = Request("render", render_slots=1, project="film", role="member")
+    assert alloc.acquire("m", small).device in (T4.id, L4.id)
     with pytest.raises(NeverFits):
-        alloc.acquire("m", member)  # only an A100 has 40 GB, and members may not use it
-    with pytest.raises(NeverFits) as err:
-        alloc.acquire("m", Request("render", classes=("a100",), project="film", role="member"))
-    assert "may not use a100" in err.value.message
+        alloc.acquire("m", Request("render", vram_mib=100_000, project="film", role="member"))
+    # "gpu" is every GPU class; another project's members, and operators (no role), use any
     admin = Request("render", vram_mib=40_000, project="film", role="admin")
     assert alloc.acquire("a", admin).device == A100.id
+    other = Request("render", vram_mib=30_000, project="other", role="member")
+    assert alloc.acquire("o", other).device == A100.id
+    assert alloc.acquire("op", Request("render", vram_mib=10_000, classes=("a100",))).device
+    alloc.check_policy("film", "member", "gpu")  # a GPU job: some GPU class is allowed
+    with pytest.raises(Forbidden):
+        alloc.check_policy("film", "member", "cpu")
 
 
 def test_a_consumer_hosts_encoder_budget_caps_sessions_across_its_gpus(

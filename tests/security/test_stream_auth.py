@@ -11,7 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from farm import streamauth
 from farm.settings import Settings
 from tests.encoder import tokens

@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 
 from encoder import appbox
-from encoder.service import StreamService, running
+from encoder.app import running
+from encoder.service import StreamService
 from encoder.source import SandboxedSource
 from farm import sandbox
 from farm.redisserver import RedisServer

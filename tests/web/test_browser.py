@@ -15,7 +15,7 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from encoder.service import running
+from encoder.app import running
 from farm.redisserver import RedisServer
 from tests.blendscenes import make_scene
 from tests.encoder.tokens import STREAM_SECRET

@@ -15,7 +15,7 @@ from tests.web.conftest import Tokens, api, bearer
 async def test_launch_list_and_end_a_stream_through_the_web(
     web_settings: Settings, tokens: Tokens
 ) -> None:
-    from encoder.service import StreamService
+    from encoder.app import serving
 
     web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
     stream_settings = web_settings.with_(
@@ -26,7 +26,7 @@ async def test_launch_list_and_end_a_stream_through_the_web(
         none = await client.get("/api/streams/apps", headers=alice)
         assert none.status == 503
         assert "farm stream" in (await none.json())["error"]["message"]
-        async with StreamService(stream_settings):
+        async with serving(stream_settings):
             apps = await (await client.get("/api/streams/apps", headers=alice)).json()
             assert "testpattern" in {a["name"] for a in apps["apps"]}
             ice = await client.get("/api/streams/ice", headers=alice)
@@ -59,12 +59,14 @@ async def test_launch_list_and_end_a_stream_through_the_web(
             assert ended.status == 204
             gone = await client.get(f"/api/streams/sessions/{sid}", headers=alice)
             assert gone.status == 404
-            # project A's policy now keeps members off the CPU: no stream starts for alice
-            conn = jobstore.connect(web_settings.redis_url)
-            try:
-                Accounts(conn).set_policy("A", "member", ["gpu"])
-            finally:
-                conn.close()
+            # a farm admin sets project A's policy: members off the CPU, no stream for alice
+            put = await client.put(
+                "/api/projects/A/policy",
+                json={"role": "member", "devices": ["gpu"]},
+                headers=bearer(tokens.admin),
+            )
+            assert put.status == 200, await put.text()
+            assert (await put.json())["policy"]["member"] == ["gpu"]
             denied = await client.post(
                 "/api/streams/sessions", json={"app": "testpattern", "project": "A"}, headers=alice
             )
@@ -75,7 +77,7 @@ async def test_launch_list_and_end_a_stream_through_the_web(
 async def test_a_websocket_viewer_through_the_web_is_project_checked_and_gets_the_video(
     web_settings: Settings, tokens: Tokens
 ) -> None:
-    from encoder.service import StreamService
+    from encoder.app import serving
     from encoder.wsviewer import HEADER, KEYFRAME
 
     web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
@@ -83,7 +85,7 @@ async def test_a_websocket_viewer_through_the_web_is_project_checked_and_gets_th
         device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
     )
     alice, bob, vera = bearer(tokens.alice), bearer(tokens.bob), bearer(tokens.vera)
-    async with api(web_settings) as client, StreamService(stream_settings):
+    async with api(web_settings) as client, serving(stream_settings):
         made = await client.post(
             "/api/streams/sessions",
             json={"app": "testpattern", "project": "A", "width": 640, "height": 360},
@@ -133,7 +135,7 @@ async def test_a_websocket_viewer_through_the_web_is_project_checked_and_gets_th
 async def test_desktop_apps_follow_the_projects_policy(
     web_settings: Settings, tokens: Tokens
 ) -> None:
-    from encoder.service import StreamService
+    from encoder.app import serving
 
     web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
     stream_settings = web_settings.with_(
@@ -154,7 +156,7 @@ async def test_desktop_apps_follow_the_projects_policy(
         assert got.status == 200, await got.text()
         return {a["name"] for a in (await got.json())["apps"]}
 
-    async with api(web_settings) as client, StreamService(stream_settings):
+    async with api(web_settings) as client, serving(stream_settings):
         # by default a shell is for project admins: a member neither sees nor launches one
         assert "desktop" not in await launchable()
         refused = await client.post("/api/streams/sessions", json=desktop, headers=alice)

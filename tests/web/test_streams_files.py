@@ -11,14 +11,14 @@ from tests.web.conftest import Tokens, api, bearer
 async def test_files_of_a_session_through_the_web_are_for_its_project_members(
     web_settings: Settings, tokens: Tokens
 ) -> None:
-    from encoder.service import StreamService
+    from encoder.app import serving
 
     web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
     stream_settings = web_settings.with_(
         device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
     )
     alice, bob, vera = bearer(tokens.alice), bearer(tokens.bob), bearer(tokens.vera)
-    async with api(web_settings) as client, StreamService(stream_settings):
+    async with api(web_settings) as client, serving(stream_settings):
         made = await client.post(
             "/api/streams/sessions",
             json={"app": "game", "project": "A", "width": 320, "height": 240, "fps": 10},
