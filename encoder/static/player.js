@@ -87,12 +87,16 @@ function setState(state) {
   $("state").classList.toggle("bad", ["failed", "refused", "closed"].includes(state));
 }
 
+/** The codes of a session the service refused (not one that failed), and what each says first. */
+const REFUSALS = {
+  no_capacity: "No room for a new session right now: ",
+  never_fits: "This session can never start on this device: ",
+};
+
 function showError(err) {
   const code = err.code || "error";
   tessera.error = { code, message: String(err.message || err) };
-  const text = code === "no_capacity"
-    ? "No room for a new session right now: " + tessera.error.message
-    : tessera.error.message;
+  const text = (Object.hasOwn(REFUSALS, code) ? REFUSALS[code] : "") + tessera.error.message;
   $("error").textContent = text;
   $("error").hidden = false;
 }
@@ -178,7 +182,7 @@ async function startSession(event) {
     $("start").hidden = true;
     await join(session.session_id, params.get("role") || "player");
   } catch (err) {
-    setState(err.code === "no_capacity" ? "refused" : "failed");
+    setState(Object.hasOwn(REFUSALS, err.code) ? "refused" : "failed");
     showError(err);
   }
 }
@@ -261,7 +265,7 @@ async function join(sid, role) {
       if (pc === tried && !["connected", "closed"].includes(tried.connectionState)) fallBack(sid, role);
     }, ICE_CONNECT_TIMEOUT_MS);
   } catch (err) {
-    setState(err.code === "no_capacity" ? "refused" : "failed");
+    setState(Object.hasOwn(REFUSALS, err.code) ? "refused" : "failed");
     showError(err);
     pc.close();
     return;

@@ -188,10 +188,11 @@ def test_a_refused_session_shows_why(full_service: StreamService, page: Page) ->
     page.goto(f"{full_service.url}/player?app=testpattern&autostart=1&token={OPERATOR}")
     page.wait_for_function("tessera.error !== null", timeout=TIMEOUT_MS)
     error = page.evaluate("tessera.error")
-    assert error["code"] == "no_capacity"
+    assert error["code"] == "never_fits"
     assert page.is_visible("#error")
     text = page.text_content("#error") or ""
-    assert text.startswith("No room for a new session") and error["message"] in text
+    assert text.startswith("This session can never start on this device"), text
+    assert error["message"] in text
     assert page.evaluate("tessera.state") == "refused"
     assert page.is_hidden("#video") or page.evaluate("video.videoWidth") == 0
 
