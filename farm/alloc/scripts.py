@@ -504,6 +504,9 @@ local now = clock(ARGV[1])
 -- what expired leaves before it is shown: a killed holder's leases and a silent agent's devices
 -- are not listed until the next grant (`farm gpus` on an idle farm showed them for minutes)
 reclaim(now)
+-- what expired beyond reclaim's bound (a burst of dead holders) is held by nobody either: it is
+-- neither listed nor counted in its device's use, and a later call reclaims it
+local AMOUNTS = {{'used_vram', 'vram'}, {'used_enc', 'enc'}, {'used_slots', 'slots'}}
 local out = {}
 local devices = csv_list(ARGV[2])
 if #devices == 0 then devices = redis.call('SMEMBERS', keys.DEVICES) end
@@ -520,7 +523,13 @@ for _, d in ipairs(devices) do
     local row = {}
     local lflat = redis.call('HGETALL', keys.lease(id))
     for i = 1, #lflat, 2 do row[lflat[i]] = lflat[i + 1] end
-    table.insert(leases, {id, row})
+    if row['expires'] and tonumber(row['expires']) <= now then
+      for _, a in ipairs(AMOUNTS) do
+        fields[a[1]] = tostring(tonumber(fields[a[1]] or '0') - tonumber(row[a[2]] or '0'))
+      end
+    else
+      table.insert(leases, {id, row})
+    end
   end
   if #flat > 0 then table.insert(out, {d, fields, leases}) end
 end
