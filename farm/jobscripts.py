@@ -76,6 +76,24 @@ local function tile_event(evk, jid, ts, state, frame, index, attempt, message)
   event(evk, {{'type', 'tile_state', 'job_id', jid, 'ts', ts, 'state', state, 'frame', frame,
          'tile', index, 'attempt', attempt, 'message', message, 'v', '1'}})
 end
+
+-- A job that ends (failed, canceled) takes its unfinished tiles with it, in the step that ends
+-- it: each queued or rendering tile is canceled and leaves the sweep's indexes, so none stays
+-- 'rendering' for a worker that is gone and the sweep never looks at it again. Every script
+-- that moves a job to failed or canceled calls this. (A retry of a failed job queues them again.)
+local function end_tiles(jid)
+  local tk = keys.tiles(jid)
+  local all = redis.call('HGETALL', tk)
+  for i = 1, #all, 2 do
+    local name, value = all[i], all[i + 1]
+    if value == 'queued' or value == 'rendering' then
+      tile_move(tk, name, 'canceled')
+      redis.call('HDEL', tk, name .. ':d')
+      redis.call('ZREM', TILE_DEADLINES, jid .. '|' .. name)
+      redis.call('ZREM', REQUEUED, jid .. '|' .. name)
+    end
+  end
+end
 """
 
 # KEYS: job, tiles, events   ARGV: jid, frame, index, attempt, ts, deadline
@@ -124,6 +142,10 @@ if was == 'done' and redis.call('HGET', KEYS[2], tile .. ':a') == ARGV[4] then
   if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 1 then return 'frame_ready' end
   return 'ok'
 end
+if was == 'canceled' and redis.call('HGET', KEYS[2], tile .. ':a') == ARGV[4] then
+  -- its job ended while it rendered (end_tiles): nothing commits, the worker is told why
+  return 'job_' .. redis.call('HGET', KEYS[1], 'state')
+end
 if was ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
 end
@@ -163,7 +185,11 @@ FAIL_TILE = (
     PRELUDE
     + """
 local tile = ARGV[2] .. ':' .. ARGV[3]
-if redis.call('HGET', KEYS[2], tile) ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
+local was = redis.call('HGET', KEYS[2], tile)
+if was == 'canceled' and redis.call('HGET', KEYS[2], tile .. ':a') == ARGV[4] then
+  return {'job_' .. redis.call('HGET', KEYS[1], 'state')}
+end
+if was ~= 'rendering' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return {'stale'}
 end
 local st = redis.call('HGET', KEYS[1], 'state')
@@ -191,6 +217,7 @@ tile_move(KEYS[2], tile, 'failed')
 tile_event(KEYS[3], ARGV[1], ARGV[5], 'failed', ARGV[2], ARGV[3], ARGV[4], ARGV[6])
 local why = 'frame ' .. ARGV[2] .. ' tile ' .. ARGV[3] .. ' failed after ' .. failures .. ' attempt(s): ' .. ARGV[6]
 job_move(KEYS[1], KEYS[3], ARGV[1], 'failed', ARGV[5], why)
+end_tiles(ARGV[1])
 return {'failed', ARGV[4]}
 """
 )
@@ -221,7 +248,7 @@ return 1
 """
 
 # KEYS: job, tiles, events   ARGV: jid, new_state, ts, reason
-# Cancel or fail a whole job; queued tiles are canceled with it.
+# Cancel or fail a whole job; its queued and rendering tiles are canceled with it.
 END_JOB = (
     PRELUDE
     + """
@@ -231,12 +258,7 @@ if FINAL[st] then return 'job_' .. st end
 if not job_move(KEYS[1], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then
   return 'job_' .. redis.call('HGET', KEYS[1], 'state')
 end
-if ARGV[2] == 'canceled' then
-  local all = redis.call('HGETALL', KEYS[2])
-  for i = 1, #all, 2 do
-    if all[i + 1] == 'queued' then redis.call('HSET', KEYS[2], all[i], 'canceled') end
-  end
-end
+end_tiles(ARGV[1])
 return 'ok'
 """
 )
@@ -278,6 +300,7 @@ for i = 1, #all, 2 do
         tile_event(KEYS[4], ARGV[1], ARGV[2], 'failed', frame, index, attempt, why)
         job_move(KEYS[1], KEYS[4], ARGV[1], 'failed', ARGV[2],
           'frame ' .. frame .. ' tile ' .. index .. ' failed after ' .. failures .. ' attempt(s): ' .. why)
+        end_tiles(ARGV[1])
         return {}
       end
     end
@@ -312,7 +335,9 @@ for i = 1, #all, 2 do
   local _, colons = string.gsub(name, ':', '')
   if colons == 1 and value ~= 'done' then
     local attempt = tonumber(redis.call('HGET', KEYS[2], name .. ':a') or '0') + 1
-    redis.call('HSET', KEYS[2], name, 'queued', name .. ':a', attempt)
+    -- failed, canceled with the job (end_tiles), or left from before end_tiles existed
+    if value ~= 'queued' then tile_move(KEYS[2], name, 'queued') end
+    redis.call('HSET', KEYS[2], name .. ':a', attempt)
     redis.call('HDEL', KEYS[2], name .. ':f', name .. ':d')
     redis.call('ZADD', REQUEUED, ARGV[2], ARGV[1] .. '|' .. name)
     local sep = string.find(name, ':')
@@ -386,6 +411,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
         tile_event(evk, jid, ARGV[2], 'failed', frame, index, attempt, why)
         job_move(jk, evk, jid, 'failed', ARGV[2],
           'frame ' .. frame .. ' tile ' .. index .. ' failed after ' .. failures .. ' attempt(s): ' .. why)
+        end_tiles(jid)
       end
     end
   end

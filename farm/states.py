@@ -36,7 +36,8 @@ TILE_TRANSITIONS: dict[TileState, frozenset[TileState]] = {
     TileState.DONE: frozenset(),
     # FAILED -> QUEUED: the user retries failed tiles
     TileState.FAILED: frozenset({TileState.QUEUED}),
-    TileState.CANCELED: frozenset(),
+    # CANCELED -> QUEUED: the user retries a failed job, whose end canceled its unfinished tiles
+    TileState.CANCELED: frozenset({TileState.QUEUED}),
 }
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {

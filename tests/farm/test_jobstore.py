@@ -189,6 +189,56 @@ def test_cancel_stops_new_tiles_and_refuses_late_commits(
     assert store.status(job_id).tiles_done == 0
 
 
+@pytest.mark.parametrize(
+    "ending", ["a tile out of attempts", "the sweep", "canceled", "failed by its assembler"]
+)
+def test_a_job_that_ends_takes_its_unfinished_tiles_with_it(
+    store: JobStore, queue: RenderQueue, rconn: redis.Redis, ending: str
+) -> None:
+    job_id = _new_job(store, queue, _spec(attempts=1))
+    # frame 1 tile 0 renders on a worker that then vanishes (its lease is still fresh)
+    vanished = TileTask(job_id, 1, 0, 1)
+    assert store.start_tile(vanished) == "ok"
+    # frame 1 tile 1 was handed back (preempted) and its push never confirmed
+    handed_back = TileTask(job_id, 1, 1, 1)
+    assert store.start_tile(handed_back) == "ok"
+    assert store.fail_tile(handed_back, "preempted", 1, counts=False) == ("retry", 2)
+    # frame 2 tile 0 waits in the queue; frame 2 tile 1 is the one that ends the job
+    last = TileTask(job_id, 2, 1, 1)
+    if ending == "a tile out of attempts":
+        assert store.start_tile(last) == "ok"
+        assert store.fail_tile(last, "Blender exited with SIGABRT", 1)[0] == "failed"
+    elif ending == "the sweep":
+        assert JobStore(store.conn, tile_lease_s=-1).start_tile(last) == "ok"
+        assert store.sweep("w1", period_s=5).tiles == []
+    elif ending == "canceled":
+        assert store.end_job(job_id, JobState.CANCELED, "by test") == "ok"
+    else:
+        assert store.end_job(job_id, JobState.FAILED, "frame 1 could not be stored") == "ok"
+    state = store.state(job_id)
+    assert state == (JobState.CANCELED if ending == "canceled" else JobState.FAILED)
+    # in the same step: no tile is left queued or rendering, none in the sweep's indexes
+    states = store.tile_states(job_id)
+    left = {k: s for k, s in states.items() if s in (TileState.QUEUED, TileState.RENDERING)}
+    assert left == {}
+    assert states["1:0"] == states["1:1"] == states["2:0"] == TileState.CANCELED
+    indexed = [m for k in (keys.TILE_DEADLINES, keys.REQUEUED)
+               for m in rconn.zrange(k, 0, -1) if str(m).startswith(job_id)]  # fmt: skip
+    assert indexed == []
+    assert not [f for f in rconn.hkeys(keys.tiles(job_id)) if str(f).endswith(":d")]
+    # the vanished worker comes back: nothing it does counts, and it is told why
+    assert store.finish_tile(vanished, 2) == f"job_{state}"
+    assert store.fail_tile(vanished, "late", 1) == (f"job_{state}", 0)
+    assert store.status(job_id).tiles_done == 0
+    if state == JobState.FAILED:
+        # the user retries: every tile not done goes again, the canceled ones included
+        outcome, tasks = store.retry_failed(job_id)
+        assert outcome == "ok"
+        assert sorted(t.key for t in tasks) == ["1:0", "1:1", "2:0", "2:1"]
+        assert set(store.tile_states(job_id).values()) == {TileState.QUEUED}
+        assert all(store.start_tile(t) == "ok" for t in tasks)
+
+
 def test_recovery_requeues_tiles_whose_worker_stopped_renewing(
     store: JobStore, queue: RenderQueue, rconn: redis.Redis
 ) -> None:

@@ -26,6 +26,7 @@ TILE_ALLOWED = {
     (TileState.RENDERING, TileState.FAILED),
     (TileState.RENDERING, TileState.CANCELED),
     (TileState.FAILED, TileState.QUEUED),
+    (TileState.CANCELED, TileState.QUEUED),
 }
 JOB_ALLOWED = {
     (JobState.QUEUED, JobState.RUNNING),
@@ -60,9 +61,12 @@ def test_no_state_moves_to_itself() -> None:
 
 
 def test_final_states_have_no_exit_but_a_retry_of_failed() -> None:
-    assert {s for s in TileState if not TILE_TRANSITIONS[s]} | {TileState.FAILED} == TILE_FINAL
+    # a failed job's tiles are failed or canceled (with the job): a retry queues both again
+    retried = {TileState.FAILED, TileState.CANCELED}
+    assert {s for s in TileState if not TILE_TRANSITIONS[s]} | retried == TILE_FINAL
     assert {s for s in JobState if not JOB_TRANSITIONS[s]} | {JobState.FAILED} == JOB_FINAL
     assert TILE_TRANSITIONS[TileState.FAILED] == {TileState.QUEUED}
+    assert TILE_TRANSITIONS[TileState.CANCELED] == {TileState.QUEUED}
     assert JOB_TRANSITIONS[JobState.FAILED] == {JobState.RUNNING}
 
 
