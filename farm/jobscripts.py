@@ -27,7 +27,9 @@ def _lua_moves(table: Mapping[S, frozenset[S]]) -> str:
 
 
 #: the keys the scripts find by name (not given in KEYS), as farm.keys spells them
-KEYS_LUA = keys.lua("job", "tiles", "events", "assembling", "lease")
+KEYS_LUA = keys.lua(
+    "job", "tiles", "events", "assembling", "lease", "frame_counts", "delivered", "JOBS_ENDED"
+)
 
 PRELUDE = f"""
 {KEYS_LUA}
@@ -58,7 +60,11 @@ local function job_move(jk, evk, jid, new, ts, reason)
   if new == 'running' and redis.call('HEXISTS', jk, 'started_s') == 0 then
     redis.call('HSET', jk, 'started_s', ts)
   end
-  if FINAL[new] then redis.call('HSET', jk, 'finished_s', ts) end
+  if FINAL[new] then
+    redis.call('HSET', jk, 'finished_s', ts)
+    -- the job's records are trimmed to its summary once FARM_JOB_RETENTION_S has passed
+    redis.call('ZADD', keys.JOBS_ENDED, ts, jid)
+  end
   if reason ~= '' then redis.call('HSET', jk, 'reason', reason) end
   event(evk, {{'type', 'job_state', 'job_id', jid, 'ts', ts, 'state', new, 'message', reason, 'v', '1'}})
   return true
@@ -349,6 +355,7 @@ end
 if #out == 1 then return {'nothing'} end
 redis.call('HSET', KEYS[1], 'reason', '')
 redis.call('HDEL', KEYS[1], 'finished_s')
+redis.call('ZREM', keys.JOBS_ENDED, ARGV[1])
 job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[2], '')
 return out
 """
@@ -448,5 +455,30 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',
   end
 end
 return out
+"""
+)
+
+# ARGV: cutoff (epoch s), limit, now
+# Trim jobs that ended before the cutoff to their summary: the job's hash (spec with its
+# output, state, reason, times, counters) and its place in the job indexes stay; its tiles,
+# frame counts, assemblies, events and delivery records go (the delivery records are in the
+# output's manifest.json). At most `limit` jobs a call, the oldest first: the work is what
+# expired, never the history. Returns how many jobs were trimmed.
+TRIM_ENDED = (
+    PRELUDE
+    + """
+local trimmed = 0
+for _, jid in ipairs(redis.call('ZRANGEBYSCORE', keys.JOBS_ENDED, '-inf', ARGV[1],
+                                'LIMIT', 0, tonumber(ARGV[2]))) do
+  redis.call('ZREM', keys.JOBS_ENDED, jid)
+  local jk = keys.job(jid)
+  if FINAL[redis.call('HGET', jk, 'state') or ''] then
+    redis.call('DEL', keys.tiles(jid), keys.frame_counts(jid), keys.assembling(jid),
+               keys.events(jid), keys.delivered(jid))
+    redis.call('HSET', jk, 'trimmed_s', ARGV[3])
+    trimmed = trimmed + 1
+  end
+end
+return trimmed
 """
 )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from farm import jobscripts, keys, redisclient
+from farm.alloc import usage
 from farm.errors import Conflict, NotFound
 from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
 from farm.redisclient import Redis, guard
@@ -17,6 +18,8 @@ from farm.states import JOB_FINAL, JobState, TileState
 
 #: how long an assembler may hold a frame before another may take it over
 ASSEMBLY_LEASE_S = 120.0
+#: ended jobs a sweep pass trims to their summary at most (the rest wait for the next pass)
+TRIM_LIMIT = 200
 
 
 def connect(url: str) -> Redis:
@@ -43,6 +46,10 @@ class Sweep:
     frames: list[tuple[str, int]]
     #: requeued attempts whose push was never confirmed: push those the queue does not hold
     unconfirmed: list[TileTask]
+    #: ended jobs trimmed to their summary in this pass
+    trimmed_jobs: int = 0
+    #: raw usage entries rolled up into hourly totals in this pass
+    rolled_usage: int = 0
 
 
 class JobStore:
@@ -51,6 +58,8 @@ class JobStore:
         conn: Redis,
         tile_lease_s: float = Settings.lease_ttl_s,
         clock: Callable[[], float] = time.time,
+        job_retention_s: float = Settings.job_retention_s,
+        usage_raw_retention_s: float = Settings.usage_raw_retention_s,
     ) -> None:
         self.conn = conn
         #: epoch seconds (the scale simulator drives its own)
@@ -58,6 +67,11 @@ class JobStore:
         #: a rendering tile not renewed for this long is requeued by the recovery sweep: the
         #: farm's lease TTL (FARM_LEASE_TTL_S), as for the tile's device lease
         self.tile_lease_s = tile_lease_s
+        #: the sweep trims an ended job to its summary this long after it ended
+        #: (FARM_JOB_RETENTION_S), and rolls up raw usage entries older than
+        #: FARM_USAGE_RAW_RETENTION_S
+        self.job_retention_s = job_retention_s
+        self.usage_raw_retention_s = usage_raw_retention_s
         self._start = conn.register_script(jobscripts.START_TILE)
         self._touch = conn.register_script(jobscripts.TOUCH_TILE)
         self._finish = conn.register_script(jobscripts.FINISH_TILE)
@@ -68,6 +82,7 @@ class JobStore:
         self._recover = conn.register_script(jobscripts.RECOVER)
         self._retry = conn.register_script(jobscripts.RETRY_FAILED)
         self._sweep = conn.register_script(jobscripts.SWEEP)
+        self._trim = conn.register_script(jobscripts.TRIM_ENDED)
 
     # --- creating -------------------------------------------------------------------------
 
@@ -372,7 +387,8 @@ class JobStore:
 
         Every worker calls this each ``period_s``; one holds the lease (for two periods, so a
         missed beat keeps it, a dead sweeper is replaced) and does the work, which is in
-        proportion to what expired, never to the number of jobs or workers.
+        proportion to what expired, never to the number of jobs or workers. The sweeper also
+        trims what Redis keeps (``trim``).
         """
         now = self.clock()
         grace = period_s if requeue_grace_s is None else requeue_grace_s
@@ -393,7 +409,19 @@ class JobStore:
             task = TileTask(str(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), int(flat[i + 4]))
             (tiles if flat[i] == "t" else unconfirmed).append(task)
             i += 5
-        return Sweep(flat[0] == "leader", tiles, frames, unconfirmed)
+        if flat[0] != "leader":
+            return Sweep(False, tiles, frames, unconfirmed)
+        trimmed, rolled = self.trim(limit=min(limit, TRIM_LIMIT))
+        return Sweep(True, tiles, frames, unconfirmed, trimmed, rolled)
+
+    def trim(self, limit: int = TRIM_LIMIT) -> tuple[int, int]:
+        """Trim the jobs that ended more than ``job_retention_s`` ago to their summary and roll
+        up the raw usage entries older than ``usage_raw_retention_s``, at most ``limit`` of
+        each (per project for usage): (jobs trimmed, usage entries rolled up)."""
+        now = self.clock()
+        trimmed = int(self._run(self._trim, [], [now - self.job_retention_s, limit, now]))
+        rolled = usage.roll_up(self.conn, int(now * 1000), self.usage_raw_retention_s, limit)
+        return trimmed, rolled
 
     def confirm_pushed(self, tasks: list[TileTask]) -> None:
         """The requeued attempts are in the queue: the sweep need not look at them again."""

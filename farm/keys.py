@@ -17,6 +17,9 @@ FRAME_DEADLINES = f"{PREFIX}:frame-deadlines"
 REQUEUED = f"{PREFIX}:requeued"
 #: string with a TTL: the worker that runs the recovery sweep (one at a time)
 SWEEPER = f"{PREFIX}:sweeper"
+#: sorted set: job id -> when it ended (epoch s), of ended jobs whose records are not yet
+#: trimmed to their summary (the sweep trims those older than FARM_JOB_RETENTION_S)
+JOBS_ENDED = f"{PREFIX}:jobs-ended"
 
 
 def job(job_id: str) -> str:
@@ -259,6 +262,25 @@ def usage_totals(project: str) -> str:
     counter, ``u|class|kind`` ms of those without, ``j|class`` measured joules (earlier
     versions wrote ``s|class|kind`` and ``u|class`` in seconds; both are read)."""
     return f"{PREFIX}:usage:{project}:totals"
+
+
+def usage_day(project: str, day: str) -> str:
+    """Hash: one UTC day (``day``: days since the epoch) of the project's usage, rolled up from
+    raw entries older than FARM_USAGE_RAW_RETENTION_S: ``hour|class|kind|job|metric`` -> value,
+    metric ``ms`` (ms of leases in that hour), ``u`` (those ms without an energy counter),
+    ``j`` (measured joules in it), ``n`` (leases in it), ``c`` (those also in the hour
+    before)."""
+    return f"{PREFIX}:usage:{project}:day:{day}"
+
+
+def usage_days(project: str) -> str:
+    """Sorted set: day (days since the epoch) -> the same, of the project's rolled-up days."""
+    return f"{PREFIX}:usage:{project}:days"
+
+
+def usage_rolled(project: str) -> str:
+    """String: id of the last raw usage entry rolled up into the days (and trimmed)."""
+    return f"{PREFIX}:usage:{project}:rolled"
 
 
 # --- the same names in Lua ---------------------------------------------------------------------

@@ -324,6 +324,14 @@ class Settings:
     """FARM_DEVICE_WATTS: JSON watts per device class, ``{"t4": 70, "cpu": 120}``, to estimate
     energy where NVML has no energy counter (defaults: the boards' rated power)."""
 
+    usage_raw_retention_s: float = 30 * 86400.0
+    """FARM_USAGE_RAW_RETENTION_S: raw usage entries (one per lease) older than this are rolled
+    up into hourly totals per project, class, kind and job, and trimmed (default 30 days)."""
+
+    job_retention_s: float = 7 * 86400.0
+    """FARM_JOB_RETENTION_S: this long after a job ended, its tiles, events and delivery records
+    leave Redis; its summary (spec, state, times, counters) stays (default 7 days)."""
+
     # --- H4: deployment (issue #12) -----------------------------------------------------------
 
     s3_public_url: str = ""
@@ -501,6 +509,8 @@ ENV: dict[str, tuple[str, type, float]] = {
     "usage_currency": ("FARM_USAGE_CURRENCY", str, 0),
     "grid_carbon_g_per_kwh": ("FARM_GRID_CARBON_G_PER_KWH", float, 0.0),
     "device_watts": ("FARM_DEVICE_WATTS", str, 0),
+    "usage_raw_retention_s": ("FARM_USAGE_RAW_RETENTION_S", float, 0.0),
+    "job_retention_s": ("FARM_JOB_RETENTION_S", float, 0.0),
     "stream_host": ("FARM_STREAM_HOST", str, 0),
     "stream_port": ("FARM_STREAM_PORT", int, 0),
     "stream_url": ("FARM_STREAM_URL", str, 0),

@@ -57,7 +57,12 @@ def serve(
         settings=settings,
         name=name,
         conn=conn,
-        store=jobstore.JobStore(conn, tile_lease_s=settings.lease_ttl_s),
+        store=jobstore.JobStore(
+            conn,
+            tile_lease_s=settings.lease_ttl_s,
+            job_retention_s=settings.job_retention_s,
+            usage_raw_retention_s=settings.usage_raw_retention_s,
+        ),
         queue=queue.RenderQueue(rq_conn, settings.device),
         storage=farm_storage(settings),
         child=child,

@@ -21,7 +21,8 @@ from farm.alloc.devices import CPU_CLASS
 KEYS_LUA = keys.lua(
     "DEVICES", "LEASE_EXPIRY", "LEASE_REVOKED", "DEVICE_ALIVE", "DEVICE_CLASSES", "DEVICE_SHAPES",
     "USAGE_PROJECTS", "placement", "device", "device_leases", "agent", "host", "host_devices",
-    "lease", "lease_gone", "project_policy", "usage", "usage_totals",
+    "lease", "lease_gone", "project_policy", "usage", "usage_totals", "usage_day", "usage_days",
+    "usage_rolled",
 )  # fmt: skip
 
 
@@ -614,5 +615,73 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
   end
 end
 return 1
+"""
+)
+
+# ARGV: project, the id of the newest raw entry to roll up (ms), limit
+# The sweep's usage roll-up: the project's oldest raw entries (at most `limit`, none newer than
+# ARGV[2]) are added to their hours' totals (keys.usage_day; a lease across hours is split by
+# its time in each, its measured energy in proportion) and trimmed from the stream in the same
+# step, so an entry counts in exactly one of the two. Returns how many were rolled up.
+ROLL_UP_USAGE = (
+    KEYS_LUA
+    + """
+local project = ARGV[1]
+local sk = keys.usage(project)
+local entries = redis.call('XRANGE', sk, '-', ARGV[2], 'COUNT', tonumber(ARGV[3]))
+if #entries == 0 then return 0 end
+local HOUR, DAY = 3600000, 86400000
+local function field(h, f, metric)
+  local day = math.floor(h / DAY)
+  local dk = keys.usage_day(project, string.format('%d', day))
+  redis.call('ZADD', keys.usage_days(project), day, string.format('%d', day))
+  return dk, string.format('%d', (h - day * DAY) / HOUR) .. '|' .. (f['class'] or '') .. '|'
+    .. (f['kind'] or '') .. '|' .. (f['job'] or '') .. '|' .. metric
+end
+for _, entry in ipairs(entries) do
+  local f = {}
+  for i = 1, #entry[2], 2 do f[entry[2][i]] = entry[2][i + 1] end
+  local start = math.floor(tonumber(f['start_ms'] or '0'))
+  local stop = math.floor(tonumber(f['end_ms'] or '0'))
+  local joules = nil
+  if f['energy_j'] and f['energy_j'] ~= '' then joules = tonumber(f['energy_j']) end
+  local span = stop - start
+  local h = math.floor(math.min(start, stop) / HOUR) * HOUR
+  if span <= 0 then h = math.floor(stop / HOUR) * HOUR end
+  local first = h
+  repeat
+    local ms = math.max(0, math.min(stop, h + HOUR) - math.max(start, h))
+    if ms > 0 or span <= 0 then
+      -- counted in each hour it spans, and as continued in each but its first, so that a run
+      -- of hours counts it once (n summed, c of all but the run's first subtracted)
+      local dk, name = field(h, f, 'n')
+      redis.call('HINCRBY', dk, name, 1)
+      if h > first then
+        dk, name = field(h, f, 'c')
+        redis.call('HINCRBY', dk, name, 1)
+      end
+    end
+    if ms > 0 then
+      local dk, name = field(h, f, 'ms')
+      redis.call('HINCRBY', dk, name, ms)
+      if not joules then
+        dk, name = field(h, f, 'u')
+        redis.call('HINCRBY', dk, name, ms)
+      end
+    end
+    if joules and (ms > 0 or span <= 0) then
+      local share = 1
+      if span > 0 then share = ms / span end
+      local dk, name = field(h, f, 'j')
+      redis.call('HINCRBYFLOAT', dk, name, joules * share)
+    end
+    h = h + HOUR
+  until h >= stop
+end
+local id = entries[#entries][1]
+local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+redis.call('XTRIM', sk, 'MINID', '=', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+redis.call('SET', keys.usage_rolled(project), id)
+return #entries
 """
 )

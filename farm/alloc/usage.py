@@ -8,6 +8,11 @@ over it where an agent reports NVML's total-energy counter: the counter's increa
 heartbeats is split evenly between the leases the device held, so the resolution is one
 heartbeat. Where there is no counter, energy is estimated from the class's watts.
 
+Raw entries are kept for FARM_USAGE_RAW_RETENTION_S; then the sweep rolls them up (``roll_up``)
+into per-hour totals by class, kind and job (``keys.usage_day``) and trims them from the stream.
+A window reads both, so what `farm usage` prints does not change when entries are rolled up; a
+window edge inside a rolled-up hour counts that hour in proportion.
+
 Prices (per device-hour, by class) and the grid's carbon intensity come from the settings.
 Everything here returns plain dicts: ``farm usage`` prints them and the web serves them.
 """
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm import keys
+from farm.alloc import scripts
 from farm.errors import BadParameter
 from farm.redisclient import Redis, guard
 from farm.settings import Settings, json_object
@@ -49,6 +55,10 @@ DEFAULT_WATTS: dict[str, float] = {
 ANY = "*"
 
 _PAGE = 1000
+_HOUR_MS = 3_600_000
+_DAY_MS = 86_400_000
+#: raw entries a sweep pass rolls up per project at most (the rest wait for the next pass)
+ROLL_UP_LIMIT = 1000
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -89,6 +99,24 @@ class LeaseUsage:
             energy_j=float(f["energy_j"]) if f.get("energy_j") else None,
             why=f.get("why", ""),
         )
+
+
+@dataclass(frozen=True)
+class RolledHour:
+    """One hour of a project's rolled-up leases of one class, kind and job."""
+
+    hour_ms: int
+    device_class: str
+    kind: str
+    job: str
+    ms: int
+    unmeasured_ms: int
+    """The part of ``ms`` without an energy counter (estimated from rated power when read)."""
+    energy_j: float
+    leases: int
+    """Leases in this hour."""
+    continued: int
+    """Those of ``leases`` that were in the hour before too (a window counts them there)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +190,50 @@ def records(
         start = "(" + _text(page[-1][0])
 
 
+def rolled_hours(
+    conn: Redis, project: str, since_ms: int | None = None, until_ms: int | None = None
+) -> list[RolledHour]:
+    """The project's rolled-up hours that overlap [since_ms, until_ms), oldest first."""
+    lo = "-inf" if since_ms is None else since_ms // _DAY_MS
+    hi = "+inf" if until_ms is None else (until_ms - 1) // _DAY_MS
+    days = [_text(d) for d in guard(conn.zrangebyscore, keys.usage_days(project), lo, hi)]
+    pipe = conn.pipeline(transaction=False)
+    for day in days:
+        pipe.hgetall(keys.usage_day(project, day))
+    found: dict[tuple[int, str, str, str], dict[str, float]] = {}
+    for day, stored in zip(days, guard(pipe.execute) if days else [], strict=True):
+        for name, value in stored.items():
+            hour, device_class, kind, rest = _text(name).split("|", 3)
+            job, metric = rest.rsplit("|", 1)
+            hour_ms = int(day) * _DAY_MS + int(hour) * _HOUR_MS
+            row = found.setdefault((hour_ms, device_class, kind, job), {})
+            row[metric] = float(_text(value))
+    out = []
+    for (hour_ms, device_class, kind, job), m in sorted(found.items()):
+        if _overlap(hour_ms, since_ms, until_ms) > 0:
+            ms, unmeasured, leases, continued = (int(m.get(k, 0)) for k in ("ms", "u", "n", "c"))
+            out.append(RolledHour(hour_ms, device_class, kind, job, ms, unmeasured,
+                                  m.get("j", 0.0), leases, continued))  # fmt: skip
+    return out
+
+
+def _overlap(hour_ms: int, since_ms: int | None, until_ms: int | None) -> float:
+    """The part of an hour inside the window."""
+    lo = hour_ms if since_ms is None else max(hour_ms, since_ms)
+    hi = hour_ms + _HOUR_MS if until_ms is None else min(hour_ms + _HOUR_MS, until_ms)
+    return max(0, hi - lo) / _HOUR_MS
+
+
+def roll_up(conn: Redis, now_ms: int, raw_retention_s: float, limit: int = ROLL_UP_LIMIT) -> int:
+    """Roll every project's raw entries older than ``raw_retention_s`` up into its hours and
+    trim them (at most ``limit`` per project); returns how many were rolled up."""
+    newest = int(now_ms - raw_retention_s * 1000) - 1
+    if newest < 0:
+        return 0
+    script = conn.register_script(scripts.ROLL_UP_USAGE)
+    return sum(int(guard(script, keys=[], args=[p, newest, limit])) for p in projects(conn))
+
+
 def totals(conn: Redis, settings: Settings) -> list[ClassTotals]:
     """All-time totals per project and device class (cheap: one hash per project)."""
     rates = Rates.of(settings)
@@ -216,6 +288,18 @@ class _Sum:
         self.cost += secs / 3600 * rates.price(rec.device_class)
         self.leases += 1
 
+    def add_rolled(self, row: RolledHour, share: float, leases: int, rates: Rates) -> None:
+        secs = row.ms / 1000 * share
+        self.seconds += secs
+        if row.kind == "render":
+            self.render_s += secs
+        elif row.kind == "stream":
+            self.stream_s += secs
+        self.estimated_j += row.unmeasured_ms / 1000 * share * rates.watt(row.device_class)
+        self.measured_j += row.energy_j * share
+        self.cost += secs / 3600 * rates.price(row.device_class)
+        self.leases += leases
+
     def to_dict(self, rates: Rates) -> dict[str, Any]:
         kwh = (self.measured_j + self.estimated_j) / 3.6e6
         return {
@@ -247,8 +331,10 @@ def summarize(
     project: str,
     since_ms: int | None = None,
     until_ms: int | None = None,
+    rolled: Iterable[RolledHour] = (),
 ) -> dict[str, Any]:
-    """Device-hours, kWh, cost and CO2e of ``recs`` in the window, by class and by job."""
+    """Device-hours, kWh, cost and CO2e of ``recs`` and ``rolled`` in the window, by class and
+    by job."""
     rates = Rates.of(settings)
     total, gpu = _Sum(), _Sum()
     by_class: dict[str, _Sum] = {}
@@ -261,6 +347,18 @@ def summarize(
         by_class.setdefault(rec.device_class, _Sum()).add(rec, share, rates)
         if rec.job:
             by_job.setdefault(rec.job, _Sum()).add(rec, share, rates)
+    for row in rolled:
+        share = _overlap(row.hour_ms, since_ms, until_ms)
+        # a lease across hours counts once in a window: as continued where the hour before
+        # is in the window too
+        leases = row.leases
+        if _overlap(row.hour_ms - _HOUR_MS, since_ms, until_ms) > 0:
+            leases -= row.continued
+        sums = [total, by_class.setdefault(row.device_class, _Sum())]
+        sums += [gpu] if row.device_class != "cpu" else []
+        sums += [by_job.setdefault(row.job, _Sum())] if row.job else []
+        for s in sums:
+            s.add_rolled(row, share, leases, rates)
     return {
         "project": project,
         "since": _iso(since_ms),
@@ -300,8 +398,15 @@ def project_usage(
     until_ms = None if until is None else int(parse_time(until, now_s) * 1000)
     if since_ms is not None and until_ms is not None and until_ms <= since_ms:
         raise BadParameter(f"--until ({until}) must be after --since ({since})")
-    recs = records(conn, project, since_ms, until_ms)
-    return summarize(recs, settings, project, since_ms, until_ms)
+    # the roll-up moves entries from the stream to the hours: read both between two reads of
+    # its mark, so no entry is counted twice nor missed
+    for _ in range(5):
+        mark = guard(conn.get, keys.usage_rolled(project))
+        rolled = rolled_hours(conn, project, since_ms, until_ms)
+        recs = records(conn, project, since_ms, until_ms)
+        if guard(conn.get, keys.usage_rolled(project)) == mark:
+            break
+    return summarize(recs, settings, project, since_ms, until_ms, rolled)
 
 
 def parse_time(text: str, now_s: float | None = None) -> float:

@@ -414,12 +414,14 @@ def test_a_sweep_reads_only_what_expired_not_every_job(
         stats = rconn.info("commandstats")
         return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
+    store.sweep("w1", period_s=5)  # its scripts loaded
     for jobs in (2, 60):
         for _ in range(jobs):
             store.start_tile(TileTask(_new_job(store, queue), 1, 0, 1))
         before = commands()
         store.sweep("w1", period_s=5)
-        assert commands() - before <= 8, f"a quiet sweep over {jobs} jobs"
+        # the recovery sweep's few, and the trim's (ended jobs, the usage of each project)
+        assert commands() - before <= 12, f"a quiet sweep over {jobs} jobs"
 
 
 def test_a_list_reads_every_status_at_once(store: JobStore, queue: RenderQueue) -> None:

@@ -4,14 +4,16 @@ the API's dict add them up into device-hours, kWh, cost and CO2e."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis
 
-from farm import cli
+from farm import cli, keys
 from farm.alloc import usage
 from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
 from farm.errors import BadParameter
+from farm.jobstore import JobStore
 from farm.settings import Settings
 
 T4 = DeviceOffer("gpu-t4", "t4", "Tesla T4", 15360, 8, 2)
@@ -170,3 +172,48 @@ def test_bad_dates_and_price_tables_are_refused_with_a_clear_message(
     with pytest.raises(BadParameter, match="after --since"):
         usage.project_usage(redis.Redis.from_url(redis_url), SETTINGS, "f", "2026-11-02",
                             "2026-11-01")  # fmt: skip
+
+
+def test_rolling_raw_entries_up_changes_neither_farm_usage_nor_the_totals(
+    alloc: SlotAllocator,
+    clock: Clock,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # leases across hour edges: measured (the T4) and estimated (the CPU), two jobs, a stream
+    clock.ms += 3_000_000  # 00:50
+    a = alloc.acquire("w1", Request("render", vram_mib=2000, render_slots=1, classes=("t4",),
+                                    project="film", job="job-a"))  # fmt: skip
+    b = alloc.acquire("w2", Request("render", render_slots=1, classes=("cpu",),
+                                    project="film", job="job-b"))  # fmt: skip
+    clock.ms += 1_500_000  # 01:15
+    alloc.register("agent", "host-1", [_t4(energy_j=8000.0), CPU], ttl_s=86400)
+    alloc.release(a)
+    s = alloc.acquire("s1", Request("stream", encoder_sessions=1, classes=("t4",), project="film"))
+    clock.ms += 5_400_000  # 02:45
+    alloc.release(b)
+    alloc.release(s)
+    monkeypatch.setenv("FARM_REDIS_URL", redis_url)
+    monkeypatch.setenv("FARM_USAGE_PRICES", '{"t4": 0.36, "*": 0.05}')
+
+    def shown() -> tuple[str, dict[str, object], str, list[usage.ClassTotals]]:
+        assert cli.main(["usage", "--project", "film"]) == 0
+        text = capsys.readouterr().out
+        assert cli.main(["usage", "--project", "film", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        # a window on hour edges: the rolled-up hours inside it count whole, the others not
+        window = ["--since", "2026-11-01T01:00", "--until", "2026-11-01T02:00"]
+        assert cli.main(["usage", "--project", "film", *window]) == 0
+        return text, data, capsys.readouterr().out, usage.totals(alloc.conn, SETTINGS)
+
+    before = shown()
+    assert "LEASES" in before[0] and before[1]["total"]["leases"] == 3  # type: ignore[index]
+    assert usage.roll_up(alloc.conn, T0_MS * 10, 0, limit=1) == 1  # one rolled, two raw
+    assert shown() == before
+    # the sweeper rolls up the rest: the raw stream is empty, what `farm usage` says is not
+    store = JobStore(alloc.conn, clock=lambda: time.time() + 1, usage_raw_retention_s=0)
+    assert store.sweep("w1", 15.0).rolled_usage == 2
+    assert alloc.conn.xlen(keys.usage("film")) == 0
+    assert usage.records(alloc.conn, "film") == []
+    assert shown() == before
