@@ -269,61 +269,6 @@ return 'ok'
 """
 )
 
-# KEYS: job, tiles, assembling, events   ARGV: jid, now, max_attempts, assembly_deadline
-# Requeue tiles whose worker stopped renewing them, and reopen stalled frame assemblies.
-# Returns a flat list: 't', frame, index, attempt, ... for tiles to enqueue; 'f', frame, ... for
-# frames to assemble again.
-RECOVER = (
-    PRELUDE
-    + """
-local st = redis.call('HGET', KEYS[1], 'state')
-if not st or FINAL[st] then return {} end
-local out = {}
-local now = tonumber(ARGV[2])
-local all = redis.call('HGETALL', KEYS[2])
-for i = 1, #all, 2 do
-  local name, value = all[i], all[i + 1]
-  if value == 'rendering' then
-    local deadline = tonumber(redis.call('HGET', KEYS[2], name .. ':d') or '0')
-    if deadline < now then
-      local sep = string.find(name, ':')
-      local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
-      local attempt = tonumber(redis.call('HGET', KEYS[2], name .. ':a'))
-      local failures = redis.call('HINCRBY', KEYS[2], name .. ':f', 1)
-      redis.call('HINCRBY', KEYS[1], 'tile_failures', 1)
-      redis.call('HDEL', KEYS[2], name .. ':d')
-      redis.call('ZREM', TILE_DEADLINES, ARGV[1] .. '|' .. name)
-      local why = 'the worker rendering it stopped answering'
-      if failures < tonumber(ARGV[3]) then
-        tile_move(KEYS[2], name, 'queued')
-        redis.call('HSET', KEYS[2], name .. ':a', attempt + 1)
-        redis.call('ZADD', REQUEUED, ARGV[2], ARGV[1] .. '|' .. name)
-        tile_event(KEYS[4], ARGV[1], ARGV[2], 'queued', frame, index, attempt + 1, why)
-        table.insert(out, 't'); table.insert(out, frame); table.insert(out, index)
-        table.insert(out, tostring(attempt + 1))
-      else
-        tile_move(KEYS[2], name, 'failed')
-        tile_event(KEYS[4], ARGV[1], ARGV[2], 'failed', frame, index, attempt, why)
-        job_move(KEYS[1], KEYS[4], ARGV[1], 'failed', ARGV[2],
-          'frame ' .. frame .. ' tile ' .. index .. ' failed after ' .. failures .. ' attempt(s): ' .. why)
-        end_tiles(ARGV[1])
-        return {}
-      end
-    end
-  end
-end
-local frames = redis.call('HGETALL', KEYS[3])
-for i = 1, #frames, 2 do
-  if tonumber(frames[i + 1]) < now then
-    redis.call('HSET', KEYS[3], frames[i], ARGV[4])
-    redis.call('ZADD', FRAME_DEADLINES, ARGV[4], ARGV[1] .. '|' .. frames[i])
-    table.insert(out, 'f'); table.insert(out, frames[i])
-  end
-end
-return out
-"""
-)
-
 # KEYS: job, tiles, events   ARGV: jid, ts
 # The user retries a failed job: every tile not done is queued again with a fresh attempt and
 # its failures forgotten, and the job runs again. Returns {'ok', frame, index, attempt, ...},
@@ -367,7 +312,8 @@ return out
 # get {'follower'} at the cost of one read). Its work is what expired since the last sweep:
 # rendering tiles whose lease deadline passed (requeued, or failing their job once out of
 # attempts), frame assemblies past their deadline (offered again), and requeued tiles whose push
-# to the queue was never confirmed (checked against the queue by the caller).
+# to the queue was never confirmed (checked against the queue by the caller, and named by every
+# sweep until it confirms them: a push that failed is tried again).
 # Returns {'leader', 't', job, frame, index, attempt, ..., 'f', job, frame, ..., 'p', job, frame,
 # index, attempt, ...}.
 SWEEP = (
@@ -442,7 +388,6 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', FRAME_DEADLINES, '-inf', '('
 end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',
                                    '(' .. (now - tonumber(ARGV[6])), 'LIMIT', 0, limit)) do
-  redis.call('ZREM', REQUEUED, member)
   local jid, name = split(member)
   local tk = keys.tiles(jid)
   local st = redis.call('HGET', keys.job(jid), 'state')
@@ -452,6 +397,8 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',
                         redis.call('HGET', tk, name .. ':a')}) do
       table.insert(out, v)
     end
+  else
+    redis.call('ZREM', REQUEUED, member)
   end
 end
 return out

@@ -28,14 +28,6 @@ def connect(url: str) -> Redis:
 
 
 @dataclass(frozen=True)
-class Recovery:
-    """What a recovery sweep found: tile attempts to enqueue again, frames to assemble again."""
-
-    tiles: list[TileTask]
-    frames: list[int]
-
-
-@dataclass(frozen=True)
 class Sweep:
     """What the farm's recovery sweep found (nothing when another worker is the sweeper)."""
 
@@ -79,7 +71,6 @@ class JobStore:
         self._finish_frame = conn.register_script(jobscripts.FINISH_FRAME)
         self._claim_frame = conn.register_script(jobscripts.CLAIM_FRAME)
         self._end = conn.register_script(jobscripts.END_JOB)
-        self._recover = conn.register_script(jobscripts.RECOVER)
         self._retry = conn.register_script(jobscripts.RETRY_FAILED)
         self._sweep = conn.register_script(jobscripts.SWEEP)
         self._trim = conn.register_script(jobscripts.TRIM_ENDED)
@@ -360,25 +351,6 @@ class JobStore:
     def warn(self, job_id: str, message: str) -> None:
         event = Event("warning", job_id, self.clock(), message=message)
         self._call(self.conn.xadd, keys.events(job_id), event.to_fields())
-
-    def recover(self, job_id: str, max_attempts: int) -> Recovery:
-        now = self.clock()
-        flat = self._run(
-            self._recover,
-            [keys.job(job_id), keys.tiles(job_id), keys.assembling(job_id), keys.events(job_id)],
-            [job_id, now, max_attempts, now + ASSEMBLY_LEASE_S],
-        )
-        tiles: list[TileTask] = []
-        frames: list[int] = []
-        i = 0
-        while i < len(flat):
-            if flat[i] == "t":
-                tiles.append(TileTask(job_id, int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3])))
-                i += 4
-            else:
-                frames.append(int(flat[i + 1]))
-                i += 2
-        return Recovery(tiles, frames)
 
     def sweep(
         self, sweeper: str, period_s: float, limit: int = 1000, requeue_grace_s: float | None = None

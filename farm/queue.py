@@ -67,8 +67,9 @@ class RenderQueue:
         priority: int | None = None,
     ) -> None:
         """Push tile attempts into their job's priority band; with ``pipeline`` the pushes join
-        the caller's transaction. ``priority`` None: read each job's (a retry, a requeue)."""
-        tasks = list(tasks)
+        the caller's transaction. ``priority`` None: read each job's (a retry, a requeue).
+        An attempt named twice is pushed once: rq refuses an id twice in one push."""
+        tasks = list({t.rq_id: t for t in tasks}.values())
         if priority is None:
             by_job: dict[int, list[TileTask]] = {}
             for t in tasks:

@@ -96,19 +96,32 @@ class WorkerContext:
         """Requeue work whose worker vanished: tiles not renewed, frames not assembled.
 
         Every worker calls this; the one holding the sweeper's lease does the work, in
-        proportion to what expired (``JobStore.sweep``), not to the jobs.
+        proportion to what expired (``JobStore.sweep``), not to the jobs. A job whose push
+        fails is logged and left unconfirmed, for the next sweep; the other jobs' go on.
         """
         found = self.store.sweep(self.name, self.settings.lease_ttl_s)
         for t in found.tiles:
             log.warning("event=tile_requeued job=%s frame=%d tile=%d attempt=%d "
                         "reason=worker_lost", t.job_id, t.frame, t.index, t.attempt)  # fmt: skip
-        pushes = [*found.tiles, *self.queue.missing(found.unconfirmed)]
+        missing = self.queue.missing(found.unconfirmed)
+        # the rest is in the queue: confirmed, so the sweep stops naming it
+        self.store.confirm_pushed([t for t in found.unconfirmed if t not in missing])
+        # an attempt may be in both lists: stage_tiles pushes each once
+        pushes = [*found.tiles, *missing]
         for job_id in sorted({t.job_id for t in pushes}):
             mine = [t for t in pushes if t.job_id == job_id]
-            self.queue.stage_tiles(mine, self.spec(job_id).tile_timeout_s)
-            self.store.confirm_pushed(mine)
+            try:
+                self.queue.stage_tiles(mine, self.spec(job_id).tile_timeout_s)
+                self.store.confirm_pushed(mine)
+            except Exception as exc:  # one job's failure must not keep the others' tiles waiting
+                log.warning("event=sweep_push_failed job=%s tiles=%d error=%r", job_id,
+                            len(mine), exc, exc_info=not isinstance(exc, FarmError))  # fmt: skip
         for job_id, frame in found.frames:
-            self.queue.enqueue_assembly(job_id, frame, self.spec(job_id).tile_timeout_s)
+            try:
+                self.queue.enqueue_assembly(job_id, frame, self.spec(job_id).tile_timeout_s)
+            except Exception as exc:  # offered again once its new assembly deadline passes
+                log.warning("event=sweep_assembly_failed job=%s frame=%d error=%r", job_id,
+                            frame, exc, exc_info=not isinstance(exc, FarmError))  # fmt: skip
 
 
 def file_set_root(source: BlendSource, path: Path) -> Path:

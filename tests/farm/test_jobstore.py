@@ -239,20 +239,6 @@ def test_a_job_that_ends_takes_its_unfinished_tiles_with_it(
         assert all(store.start_tile(t) == "ok" for t in tasks)
 
 
-def test_recovery_requeues_tiles_whose_worker_stopped_renewing(
-    store: JobStore, queue: RenderQueue, rconn: redis.Redis
-) -> None:
-    job_id = _new_job(store, queue)
-    task = TileTask(job_id, 2, 1, 1)
-    store.start_tile(task)
-    assert store.recover(job_id, 3).tiles == []  # its lease is fresh
-    rconn.hset(keys.tiles(job_id), "2:1:d", time.time() - 1)  # the worker went silent
-    found = store.recover(job_id, 3)
-    assert found.tiles == [TileTask(job_id, 2, 1, 2)]
-    assert store.finish_tile(task, 2) == "stale"  # the lost worker cannot commit late
-    assert store.start_tile(TileTask(job_id, 2, 1, 2)) == "ok"
-
-
 def test_touch_renews_only_the_current_attempt(store: JobStore, queue: RenderQueue) -> None:
     job_id = _new_job(store, queue)
     task = TileTask(job_id, 1, 0, 1)
@@ -400,11 +386,16 @@ def test_one_sweeper_requeues_expired_tiles_of_every_job_and_reopens_stalled_fra
     rconn.zadd(keys.FRAME_DEADLINES, {f"{jobs[0]}|1": time.time() - 1})
     assert store.sweep("w1", period_s=5).frames == [(jobs[0], 1)]
     assert store.sweep("w1", period_s=5).frames == []
-    # the requeued attempt was never confirmed pushed: after the grace the sweep names it
-    assert store.sweep("w1", period_s=5, requeue_grace_s=-1).unconfirmed == [
-        TileTask(jobs[1], 2, 1, 2)
-    ]
+    # the requeued attempt was never confirmed pushed: after the grace the sweep names it, and
+    # names it again (a push that failed) until the caller confirms it is in the queue
+    requeued = TileTask(jobs[1], 2, 1, 2)
+    assert store.sweep("w1", period_s=5, requeue_grace_s=-1).unconfirmed == [requeued]
+    assert store.sweep("w1", period_s=5, requeue_grace_s=-1).unconfirmed == [requeued]
+    store.confirm_pushed([requeued])
     assert store.sweep("w1", period_s=5, requeue_grace_s=-1).unconfirmed == []
+    # the requeued attempt renders: the next worker starts it, and nothing is requeued twice
+    assert store.start_tile(requeued) == "ok"
+    assert store.sweep("w1", period_s=5).tiles == []
 
 
 def test_a_sweep_reads_only_what_expired_not_every_job(
