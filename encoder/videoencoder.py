@@ -4,6 +4,7 @@ otherwise; keyframes on demand, bitrate changes without reopening."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -15,7 +16,8 @@ from av.video.codeccontext import VideoCodecContext
 from av.video.frame import PictureType, VideoFrame
 
 from encoder.capture import TIME_BASE
-from farm.errors import EncoderUnavailable
+from farm.errors import BadParameter, EncoderUnavailable
+from farm.settings import NVENC_MODES
 
 #: an encoded frame, as aiortc packetizes it (generic only to the type checker)
 if TYPE_CHECKING:
@@ -59,12 +61,10 @@ class VideoEncoder:
 
     #: the FFmpeg encoder this class stands for (what a session reports)
     codec_name = ""
-    #: the FFmpeg encoder actually opened (differs only for the fake NVENC)
+    #: the FFmpeg encoder actually opened, where it differs (the tests' fake NVENC: libx264)
     backend = ""
     #: pixel formats the encoder takes as they are; others are converted first
     formats: tuple[str, ...] = ("yuv420p",)
-    #: FakeNvencEncoder says so
-    fake = False
 
     def __init__(self, config: EncoderConfig) -> None:
         self.config = config
@@ -183,34 +183,38 @@ class NvencEncoder(VideoEncoder):
         return options
 
 
-class FakeNvencEncoder(NvencEncoder):
-    """The NVENC path (options, selection, accounting, reporting) over libx264, for machines
-    without NVENC (tests and demos only: FARM_NVENC=fake)."""
+#: FARM_NVENC modes of test doubles (``fake``: the NVENC path over libx264), each making the
+#: session's encoder; only the test suite's entry point (tests/doubles.py) installs one, so a
+#: production process knows auto, require and off alone
+_DOUBLES: dict[str, Callable[[EncoderConfig], VideoEncoder]] = {}
 
-    backend = "libx264"
-    formats: tuple[str, ...] = ("yuv420p",)
-    fake = True
 
-    def _open(self, codec: str, options: dict[str, str]) -> VideoCodecContext:
-        # the NVENC options are built and kept (self.options); libx264 gets its own
-        underneath = {
-            "preset": "ultrafast",
-            "tune": "zerolatency",
-            "forced-idr": options["forced-idr"],
-            "maxrate": options["maxrate"],
-            "bufsize": options["bufsize"],
-        }
-        return super()._open(codec, underneath)
+def install_double(mode: str, make: Callable[[EncoderConfig], VideoEncoder]) -> None:
+    """Let FARM_NVENC be ``mode``, a session's encoder being ``make(config)`` (tests only)."""
+    _DOUBLES[mode] = make
+
+
+def remove_double(mode: str) -> None:
+    _DOUBLES.pop(mode, None)
+
+
+def check_mode(mode: str) -> None:
+    """BadParameter unless FARM_NVENC ``mode`` is auto, require, off or an installed double's."""
+    if mode in NVENC_MODES or mode in _DOUBLES:
+        return
+    allowed = [*NVENC_MODES, *sorted(_DOUBLES)]
+    raise BadParameter(f"FARM_NVENC {mode!r} is not one of {', '.join(allowed)}")
 
 
 def open_encoder(mode: str, config: EncoderConfig) -> VideoEncoder:
     """The encoder FARM_NVENC (``mode``) picks for a session.
 
     ``auto``: h264_nvenc when it opens on the session's GPU, else libx264; ``require``: NVENC or
-    EncoderUnavailable; ``fake``: FakeNvencEncoder; ``off``: libx264.
+    EncoderUnavailable; ``off``: libx264 (or an installed double's mode).
     """
-    if mode == "fake":
-        return FakeNvencEncoder(config)
+    check_mode(mode)
+    if mode in _DOUBLES:
+        return _DOUBLES[mode](config)
     if mode == "off" or (mode == "auto" and config.gpu_index is None):
         return X264Encoder(config)
     if config.gpu_index is None:

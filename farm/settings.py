@@ -107,8 +107,9 @@ class Settings:
     """FARM_LOG_LEVEL: DEBUG, INFO, WARNING or ERROR."""
 
     nvml: str = "auto"
-    """FARM_NVML: ``auto`` (NVML when a driver answers, else a CPU device), ``real``, or
-    ``fake:MODEL,MODEL`` (the in-tree fake, e.g. ``fake:t4,l4,a100``; tests and demos only)."""
+    """FARM_NVML: ``auto`` (NVML when a driver answers, else a CPU device) or ``real`` (NVML or
+    refuse to start). The fake NVML (``fake:t4,l4``) exists only behind the test suite's entry
+    point (tests/doubles.py)."""
 
     cpu_render_slots: int = 0
     """FARM_CPU_RENDER_SLOTS: concurrent render leases on a CPU device; 0 = one per 2 cores."""
@@ -196,7 +197,8 @@ class Settings:
 
     nvenc: str = "auto"
     """FARM_NVENC: ``auto`` (h264_nvenc where it opens on the session's GPU, else libx264),
-    ``require`` (NVENC or refuse), ``fake`` (the NVENC path over libx264; tests only), ``off``."""
+    ``require`` (NVENC or refuse) or ``off`` (libx264). The fake NVENC (``fake``) exists only
+    behind the test suite's entry point (tests/doubles.py)."""
 
     stun_urls: str = ""
     """FARM_STUN_URLS: comma-separated STUN servers given to viewers (``stun:host:3478``)."""
@@ -422,10 +424,11 @@ class Settings:
             return replace(self, log_level=self.log_level.upper()).validated()
         if self.gpu_backend is not None and self.gpu_backend != self.gpu_backend.upper():
             return replace(self, gpu_backend=self.gpu_backend.upper()).validated()
-        if not (self.nvml in ("auto", "real") or self.nvml.startswith("fake:")):
-            raise BadParameter(
-                f"FARM_NVML {self.nvml!r} is not auto, real or fake:MODEL[,MODEL...]"
-            )
+        if self.nvml not in NVML_MODES:
+            # only another value loads the NVML module: it knows the test doubles, if any
+            from farm.gpu.factory import check_spec
+
+            check_spec(self.nvml)
         if self.device not in DEVICE_KINDS:
             raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
         for attr, allowed in STORAGE_CHOICES.items():
@@ -441,7 +444,10 @@ class Settings:
                 f"GPU backend {self.gpu_backend!r} is not one of {', '.join(GPU_BACKENDS)}"
             )
         if self.nvenc not in NVENC_MODES:
-            raise BadParameter(f"FARM_NVENC {self.nvenc!r} is not one of {', '.join(NVENC_MODES)}")
+            # only another value loads the encoder (PyAV): it knows the test doubles, if any
+            from encoder.videoencoder import check_mode
+
+            check_mode(self.nvenc)
         if self.sandbox not in SANDBOX_MODES:
             raise BadParameter(f"FARM_SANDBOX {self.sandbox!r} is not one of bwrap, none")
         if self.stream_min_kbps > self.stream_max_kbps:
@@ -585,8 +591,11 @@ STORAGE_CHOICES: dict[str, tuple[str, ...]] = {
 }
 #: SigV4 presigned URLs live at most 7 days
 PRESIGN_MAX_S = 7 * 86400
-#: FARM_NVENC policies: where the stream service encodes with h264_nvenc
-NVENC_MODES = ("auto", "require", "fake", "off")
+#: FARM_NVML: which NVML the farm opens (farm.gpu.factory; test doubles add their schemes there)
+NVML_MODES = ("auto", "real")
+#: FARM_NVENC policies: where the stream service encodes with h264_nvenc (encoder.videoencoder;
+#: test doubles add their modes there)
+NVENC_MODES = ("auto", "require", "off")
 #: FARM_SANDBOX: bubblewrap, or none (an operator's explicit choice on a single-user machine)
 SANDBOX_MODES = ("bwrap", "none")
 #: Cycles compute backends in the order a worker prefers them

@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parent.parent
 TESTDATA = REPO / "tests" / "data" / "blend"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def test_doubles() -> Iterator[None]:
+    """The fake NVML and NVENC (tests/doubles.py), which production settings refuse, allowed in
+    the test process; a farm subprocess gets them through ``python -m tests.doubles``."""
+    from tests import doubles
+
+    doubles.install()
+    yield
+    doubles.uninstall()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A redis-server of this test session's own on a free port (never the machine's 6379)."""

@@ -1,4 +1,6 @@
-"""The in-tree fake NVML (FARM_NVML=fake:...): realistic GPUs, settable usage, injected faults."""
+"""The fake NVML, a test double behind the Nvml interface: realistic GPUs, settable usage,
+injected faults. Production never loads it; FARM_NVML=fake:... names it only in a process
+started through the test suite's entry point (tests/doubles.py); benches use its model table."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from farm import keys
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
+from tests.encoder.serviceprocess import ServiceProcess
 from tests.encoder.test_stream_video import api
 from tests.encoder.tokens import operator_headers
 
@@ -233,6 +234,28 @@ def test_farm_stream_serves_registers_and_unregisters(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_farm_stream_process_on_the_fake_t4_runs_through_the_test_entry_point(
+    stream_settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    # the fakes are test doubles: `python -m farm` refuses them (tests/farm/test_settings.py),
+    # `python -m tests.doubles` is farm with them installed
+    settings = stream_settings.with_(device="gpu", gpu_index=0, nvml="fake:t4", nvenc="fake")
+    command = [sys.executable, "-m", "tests.doubles", "stream"]
+    allocator = SlotAllocator(redis.Redis.from_url(redis_url))
+
+    async def body(url: str) -> None:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
+            status, session = await api(http, "POST", f"{url}/api/streams/sessions",
+                                        SMALL_PATTERN)  # fmt: skip
+            assert status == 201, session
+            assert session["encoder"] == "h264_nvenc"
+            (gpu,) = allocator.devices()
+            assert (gpu.device_class, gpu.used_encoder_sessions) == ("t4", 1)
+
+    with ServiceProcess(command, settings.to_env(), log=tmp_path / "stream.log") as service:
+        asyncio.run(body(service.url))
 
 
 def test_a_session_defaults_to_the_app_s_720p60(stream_service: object) -> None:

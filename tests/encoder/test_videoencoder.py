@@ -13,13 +13,14 @@ from encoder.capture import TIME_BASE
 from encoder.testpattern import Scene
 from encoder.videoencoder import (
     EncoderConfig,
-    FakeNvencEncoder,
     NvencEncoder,
     X264Encoder,
     open_encoder,
     start_bitrate,
 )
-from farm.errors import EncoderUnavailable
+from farm.errors import BadParameter, EncoderUnavailable
+from tests import doubles
+from tests.doubles import FakeNvencEncoder
 
 CONFIG = EncoderConfig(
     width=640, height=360, fps=30, bitrate_bps=2_000_000, min_bps=200_000, max_bps=4_000_000
@@ -62,10 +63,16 @@ def test_auto_picks_nvenc_when_it_opens_on_the_gpu_and_libx264_otherwise() -> No
         open_encoder("require", CONFIG)
 
 
+def test_without_the_test_doubles_the_fake_mode_is_refused_naming_the_real_ones() -> None:
+    with doubles.removed(), pytest.raises(BadParameter) as refused:
+        open_encoder("fake", CONFIG)
+    assert refused.value.message == "FARM_NVENC 'fake' is not one of auto, require, off"
+
+
 def test_the_nvenc_path_builds_low_latency_options_and_encodes_through_the_same_interface() -> None:
     gpu = EncoderConfig(**{**CONFIG.__dict__, "gpu_index": 1, "input_format": "bgr0"})
     encoder = open_encoder("fake", gpu)
-    assert isinstance(encoder, FakeNvencEncoder) and encoder.fake
+    assert isinstance(encoder, FakeNvencEncoder)
     assert encoder.codec_name == "h264_nvenc" and encoder.backend == "libx264"
     opts = encoder.options
     assert opts["delay"] == "0" and opts["zerolatency"] == "1" and opts["bf"] == "0"

@@ -16,6 +16,7 @@ from farm.gpu.factory import open_nvml
 from farm.gpu.fake import FAKE_MODELS, FakeNvml
 from farm.gpu.real import RealNvml
 from farm.gpu.types import NVENC_ENGINES, GpuProcess, model_of, nvenc_engines
+from tests import doubles
 
 MIB = 1024 * 1024
 
@@ -162,6 +163,12 @@ def test_real_without_a_driver_says_what_to_do() -> None:
 def test_unknown_spec_is_refused() -> None:
     with pytest.raises(BadParameter):
         open_nvml("nvidia")
+
+
+def test_without_the_test_doubles_the_fake_is_refused_naming_the_real_values() -> None:
+    with doubles.removed(), pytest.raises(BadParameter) as refused:
+        open_nvml("fake:t4")
+    assert refused.value.message == "FARM_NVML 'fake:t4' is not one of auto, real"
 
 
 # --- model table -----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 
 from farm.errors import BadParameter
 from farm.settings import ENV, GPU_BACKENDS, Settings
+from tests import doubles
 
 
 def test_defaults_when_nothing_is_set() -> None:
@@ -110,6 +113,37 @@ def test_unknown_gpu_backend_is_refused() -> None:
     assert "OPTIX" in raised.value.message
 
 
+@pytest.mark.parametrize(
+    ("name", "raw", "allowed"),
+    [("FARM_NVML", "fake:t4", "auto, real"), ("FARM_NVENC", "fake", "auto, require, off")],
+)
+def test_a_farm_process_refuses_the_test_doubles_naming_the_real_values(
+    name: str, raw: str, allowed: str
+) -> None:
+    # a plain `farm` has no doubles installed (this test process has: tests/conftest.py)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FARM_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "farm", "gpus"], env={**env, name: raw},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"farm: error: {name} {raw!r} is not one of {allowed}\n" in done.stderr
+
+
+def test_settings_take_the_fakes_only_while_the_test_doubles_are_installed() -> None:
+    fakes = {"FARM_NVML": "fake:t4,l4", "FARM_NVENC": "fake"}
+    settings = Settings.from_env(fakes)
+    assert (settings.nvml, settings.nvenc) == ("fake:t4,l4", "fake")
+    with doubles.removed():
+        for name, raw in fakes.items():
+            with pytest.raises(BadParameter, match=f"{name} '{raw}' is not one of"):
+                Settings.from_env({name: raw})
+        assert Settings.from_env({"FARM_NVML": "real", "FARM_NVENC": "off"}).nvenc == "off"
+    with pytest.raises(BadParameter) as raised:
+        Settings.from_env({"FARM_NVML": "nvidia"})
+    assert raised.value.message == "FARM_NVML 'nvidia' is not one of auto, real, fake:..."
+
+
 def test_unknown_log_level_is_refused() -> None:
     with pytest.raises(BadParameter):
         Settings.from_env({"FARM_LOG_LEVEL": "chatty"})
@@ -132,7 +166,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         redis_url="unix:///tmp/r.sock", storage_dir=Path("/s"), work_dir=Path("/w"),
         device="gpu", gpu_index=1, gpu_backend="CUDA", cpu_threads=3, tile_timeout_s=9.5,
         inspect_timeout_s=7.0, max_attempts=5, python="/usr/bin/python3.11",
-        log_level="DEBUG", nvml="fake:t4", cpu_render_slots=2, cpu_encode_sessions=3,
+        log_level="DEBUG", nvml="real", cpu_render_slots=2, cpu_encode_sessions=3,
         gpu_render_slots=4, encoder_sessions_per_engine=6, host_encoder_budget=8,
         device_overrides='{"t4": {"render_slots": 1}}', render_vram_floor_mib=512,
         lease_ttl_s=2.5, agent_timeout_s=4.5,
@@ -146,7 +180,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         stop_grace_s=3.0,
         stream_host="0.0.0.0", stream_port=9090, stream_url="http://s:9090",
         stream_apps=Path("/apps.json"), stream_grace_s=5.0, stream_min_kbps=800,
-        stream_max_kbps=9000, stream_vram_mib=256, nvenc="fake", stun_urls="stun:s:3478",
+        stream_max_kbps=9000, stream_vram_mib=256, nvenc="require", stun_urls="stun:s:3478",
         turn_urls="turn:t:3478", turn_secret="x", turn_ttl_s=60.0,
         metrics_port=9101, metrics_host="0.0.0.0", usage_prices='{"t4": 1}',
         usage_currency="EUR", grid_carbon_g_per_kwh=250.0, device_watts='{"cpu": 90}',
