@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from farm import keys
-from farm.errors import OutputExists
+from farm.errors import OutputExists, QueueError
 from farm.models import OUTPUT_FORMATS, JobSpec
-from farm.redisclient import Redis, guard
+from farm.redisclient import Redis, confirm_replicated, guard
 from farm.settings import Settings
 from farm.storage.base import Storage, StoredObject, sha256_file
 from farm.storage.factory import is_url, open_storage, parse_url
@@ -90,11 +90,26 @@ def deliver_frame(
     conn: Redis, settings: Settings, spec: JobSpec, job_id: str, frame: int, files: list[Path]
 ) -> list[DeliveredFile]:
     """Put one frame's files into the job's output, record them, and write the manifest when
-    this was the last frame to arrive."""
+    this was the last frame to arrive.
+
+    A frame is delivered once: its record is confirmed by a replica (behind Sentinels) before
+    the frame is committed, and an assembly repeated after a failover lost the commit finds
+    the record and puts nothing. A failover between the put and the record repeats the put of
+    the same bytes, which changes nothing: an object store commits once, and a folder
+    already holding those bytes is left as it is."""
     target = open_output(spec.output, settings)
+    recorded = guard(conn.hget, keys.delivered(job_id), str(frame))
+    if recorded is not None:
+        log.info("event=frame_already_delivered job=%s frame=%d", job_id, frame)
+        return [DeliveredFile(**item) for item in json.loads(recorded)]
 
     def deliver(path: Path) -> DeliveredFile:
         t0 = time.monotonic()
+        if isinstance(target, LocalStorage) and _holds(target, path):
+            log.info("event=file_already_delivered job=%s frame=%d url=%s", job_id, frame,
+                     target.url_for(path.name))  # fmt: skip
+            return DeliveredFile(path.name, path.stat().st_size, sha256_file(path),
+                                 target.url_for(path.name))  # fmt: skip
         stored = target.put(
             path.name, path, once=commits_once(target), deliverable=True, owner=job_id
         )
@@ -111,15 +126,43 @@ def deliver_frame(
     else:
         delivered = [deliver(path) for path in files]
     entry = json.dumps([asdict(d) for d in delivered])
-    pipe = conn.pipeline(transaction=True)
-    pipe.hset(keys.delivered(job_id), str(frame), entry)
-    pipe.hlen(keys.delivered(job_id))
-    count = guard(pipe.execute)[1]
+    _record(conn, job_id, frame, entry)
+    count = guard(conn.hlen, keys.delivered(job_id))
     if count >= len(spec.frames):
         # every frame is recorded: this assembler saw the last one arrive (two may, at once;
         # both write the same list). The job is marked done only after this returns.
         write_manifest(conn, settings, spec, job_id)
     return delivered
+
+
+#: times a frame's record is written when failovers lose it before a replica has it
+RECORD_ATTEMPTS = 3
+
+
+def _record(conn: Redis, job_id: str, frame: int, entry: str) -> None:
+    for _ in range(RECORD_ATTEMPTS):
+        guard(conn.hset, keys.delivered(job_id), str(frame), entry)
+        try:
+            if confirm_replicated(conn, keys.delivered(job_id), str(frame)):
+                return
+        except QueueError as exc:
+            # the files are delivered: failing the job now would help no one. Were the record
+            # lost after all, the frame's next assembly puts the same bytes again (no change)
+            log.warning("event=delivery_unconfirmed job=%s frame=%d error=%r", job_id, frame,
+                        exc.message)  # fmt: skip
+            return
+    raise QueueError(f"the delivery record of job {job_id} frame {frame} was lost in Redis "
+                     f"failovers {RECORD_ATTEMPTS} times", job_id=job_id, frame=frame)  # fmt: skip
+
+
+def _holds(target: LocalStorage, path: Path) -> bool:
+    """The folder holds ``path``'s bytes under its name already (a delivery repeated)."""
+    there = target.path(path.name)
+    return (
+        there.is_file()
+        and there.stat().st_size == path.stat().st_size
+        and sha256_file(there) == sha256_file(path)
+    )
 
 
 def manifest(conn: Redis, settings: Settings, spec: JobSpec, job_id: str) -> dict[str, Any]:

@@ -20,6 +20,9 @@ SWEEPER = f"{PREFIX}:sweeper"
 #: sorted set: job id -> when it ended (epoch s), of ended jobs whose records are not yet
 #: trimmed to their summary (the sweep trims those older than FARM_JOB_RETENTION_S)
 JOBS_ENDED = f"{PREFIX}:jobs-ended"
+#: counter written only to mark a point in the replication stream: WAIT after it confirms
+#: that a replica holds every write before it (farm.redisclient.confirm_replicated)
+REPLICATION_FENCE = f"{PREFIX}:replication-fence"
 
 
 def job(job_id: str) -> str:

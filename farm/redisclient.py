@@ -12,10 +12,12 @@ import redis
 from redis import Redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
-from farm.errors import QueueError
+from farm import keys, redisurl
+from farm.errors import BadParameter, QueueError
 
-__all__ = ["Redis", "connect", "guard", "locked"]
+__all__ = ["Redis", "confirm_replicated", "connect", "guard", "locked"]
 
 T = TypeVar("T")
 
@@ -100,10 +102,13 @@ def connect(
     ride_out_s: float = RIDE_OUT_S,
     socket_timeout_s: float = SOCKET_TIMEOUT_S,
 ) -> Redis:
-    """A client for ``url`` (``redis://`` or ``unix://``); ``text=False`` for rq's bytes.
+    """A client for ``url`` (``redis://``, ``unix://`` or ``redis+sentinel://``); ``text=False``
+    for rq's bytes.
 
     Its pool holds at most ``max_connections``; callers beyond that wait (POOL_WAIT_S). A
     command fails (QueueError through ``guard``) once Redis has been away for ``ride_out_s``.
+    Behind Sentinels each new connection asks them for the primary, so a connection lost in a
+    failover comes back, within the ride-out, to the replica they promoted.
     """
     errors = [redis.ConnectionError, redis.TimeoutError]
     options: dict[str, Any] = {
@@ -114,6 +119,8 @@ def connect(
     }
     if text:
         options.update(decode_responses=True, health_check_interval=30)
+    if redisurl.is_sentinel(url):
+        return _sentinel_client(url, max_connections, options)
     try:
         pool = redis.BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=POOL_WAIT_S, **options
@@ -121,6 +128,90 @@ def connect(
     except ValueError as exc:
         raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
     return Redis(connection_pool=pool)
+
+
+class _SentinelConnection(SentinelManagedConnection):
+    """A connection to the primary the Sentinels name, asked again at each attempt to connect.
+
+    redis-py reconnects a connection that broke in use (a retried command) to the address it
+    had, the dead primary's, for the whole ride-out; this one asks the Sentinels instead."""
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if self._sock or not retry_socket_connect:
+            # connected, or called back from the Sentinels' own connect with a fresh address
+            super().connect_check_health(check_health, retry_socket_connect)
+        else:
+            self.connect()  # type: ignore[no-untyped-call]
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """Sentinel's pool (connections go to the primary the Sentinels name now; one to a former
+    primary is dropped when released) that makes callers wait past ``max_connections``."""
+
+
+def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) -> Redis:
+    try:
+        address = redisurl.parse_sentinel(url)
+    except BadParameter as exc:
+        raise QueueError(exc.message) from exc
+    # the Sentinels get the same timeouts; the password is the data nodes' (requirepass)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        list(address.sentinels),
+        sentinel_kwargs={
+            "socket_timeout": options["socket_timeout"],
+            "socket_connect_timeout": options["socket_connect_timeout"],
+        },
+    )
+    pool = _BlockingSentinelPool(  # type: ignore[no-untyped-call]
+        address.service,
+        sentinels,
+        db=address.db,
+        password=address.password,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_S,
+        connection_class=_SentinelConnection,
+        **options,
+    )
+    return Redis(connection_pool=pool)
+
+
+#: how long a write that must survive a failover waits for a replica to confirm it
+REPLICA_WAIT_S = 5.0
+
+
+def confirm_replicated(conn: Redis, key: str, field: str | None = None) -> bool:
+    """After a write whose loss in a failover would be worse than a re-render (an accepted
+    job, a delivered frame): True once a replica holds it (WAIT), or no replica exists that a
+    failover could promote; False when the write is gone (it went to a primary that failed
+    before its replica had it: write it again) or no replica confirmed it in REPLICA_WAIT_S
+    (QueueError). ``key`` (``field`` of a hash) is what the write created.
+
+    WAIT confirms the writes of its own connection, and a pool lends any: a fence written on
+    the same connection as the WAIT, after the write, orders it behind ours in the stream.
+    Does nothing for a client without Sentinels (one Redis: no failover can lose a write).
+    """
+    if not isinstance(conn.connection_pool, SentinelConnectionPool):
+        return True
+    replicas = guard(conn.execute_command, "ROLE")[2]
+    pipe = conn.pipeline(transaction=False)
+    if field is None:
+        pipe.exists(key)
+    else:
+        pipe.hexists(key, field)
+    pipe.incr(keys.REPLICATION_FENCE)
+    pipe.execute_command("WAIT", 1 if replicas else 0, int(REPLICA_WAIT_S * 1000))  # type: ignore[no-untyped-call]
+    there, _fence, acked = guard(pipe.execute)
+    if not there:
+        log.warning("event=redis_write_lost key=%s field=%s", key, field)
+        return False
+    if replicas and not int(acked):
+        raise QueueError(
+            f"no Redis replica confirmed the write of {key} within {REPLICA_WAIT_S:.0f} s",
+            key=key,
+        )
+    return True
 
 
 def guard(fn: Any, *args: Any, **kwargs: Any) -> Any:

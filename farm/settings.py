@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from farm import redisurl
 from farm.errors import BadParameter
 
 DEVICE_KINDS = ("cpu", "gpu")
@@ -21,7 +22,8 @@ DEVICE_KINDS = ("cpu", "gpu")
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """FARM_REDIS_URL: the Redis holding queues, job state and events (redis:// or unix://)."""
+    """FARM_REDIS_URL: the Redis holding queues, job state and events (redis:// or unix://, or
+    redis+sentinel://[:password@]host:port,host:port/service[/db] behind Sentinels)."""
 
     storage_dir: Path = Path("/var/lib/tessera/storage")
     """FARM_STORAGE_DIR: the shared folder for uploads, tiles and frames (local storage)."""
@@ -431,6 +433,7 @@ class Settings:
             check_spec(self.nvml)
         if self.device not in DEVICE_KINDS:
             raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
+        redisurl.check(self.redis_url)
         for attr, allowed in STORAGE_CHOICES.items():
             if getattr(self, attr) not in allowed:
                 raise BadParameter(

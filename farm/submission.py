@@ -40,8 +40,9 @@ from farm.models import (
     parse_formats,
 )
 from farm.queue import RenderQueue
-from farm.redisclient import Redis, guard
+from farm.redisclient import Redis, confirm_replicated, guard
 from farm.settings import DEVICE_KINDS, GPU_BACKENDS, Settings
+from farm.states import JobState
 from farm.tiling import TileGrid, plan_tiles
 
 #: overlap used when the scene samples adaptively (pixels near a tile edge converge differently)
@@ -353,6 +354,10 @@ def _error_from(reply: dict[str, Any]) -> FarmError:
     return cls(reply.get("message", "the worker failed"), **fields)
 
 
+#: times a job's transaction is written when a failover loses it before a replica has it
+WRITE_ATTEMPTS = 3
+
+
 def submit(
     rq_conn: Redis,
     store: JobStore,
@@ -362,11 +367,24 @@ def submit(
     scripts_blocked: bool,
 ) -> str:
     """Create the job, its tiles, its place in its project's index and its priority's band of
-    the queue in one transaction (MULTI/EXEC); returns the job id. Clients call ``accept``."""
+    the queue in one transaction (MULTI/EXEC); returns the job id. Clients call ``accept``.
+
+    Behind Sentinels the job is accepted only once a replica holds it: a transaction the
+    primary took and lost in a failover is written again (to the promoted replica), one no
+    replica confirms is canceled and refused (QueueError)."""
     job_id = store.new_job_id()
-    with rq_conn.pipeline(transaction=True) as pipe:
-        tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
-        # straight into its priority's band: nothing waiting is reordered
-        queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe, priority=spec.priority)
-        guard(pipe.execute)
-    return job_id
+    for _ in range(WRITE_ATTEMPTS):
+        with rq_conn.pipeline(transaction=True) as pipe:
+            tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
+            # straight into its priority's band: nothing waiting is reordered
+            queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe, priority=spec.priority)
+            guard(pipe.execute)
+        try:
+            if confirm_replicated(rq_conn, keys.job(job_id)):
+                return job_id
+        except QueueError:
+            # not accepted, so it must not run either (best effort: were the cancel lost as
+            # well, the job renders though its submission was refused; nothing is lost)
+            store.end_job(job_id, JobState.CANCELED, "no Redis replica confirmed the job")
+            raise
+    raise QueueError(f"job {job_id} was lost in Redis failovers {WRITE_ATTEMPTS} times")

@@ -1,0 +1,184 @@
+"""Redis behind Sentinels: the primary killed mid-job, a replica promoted, the job completes with
+every frame bit-exact and delivered once; and the forms of a Sentinel FARM_REDIS_URL."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from farm import jobstore, redisurl
+from farm.errors import BadParameter
+from farm.redisserver import RedisServer
+from farm.settings import Settings
+from tests.blendscenes import make_scene
+from tests.farmprocs import WorkerProcess, submit, until, wait_for
+from workers import exr
+
+SERVICE = "farm"
+#: a primary silent this long is down for a Sentinel; two of three agreeing start a failover
+DOWN_AFTER_MS = 1000
+FAILOVER_TIMEOUT_MS = 5000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=1).ping())
+    except redis.ConnectionError:
+        return False
+
+
+class Sentinels:
+    """Three `redis-server --sentinel` children on loopback watching one primary."""
+
+    def __init__(self, work: Path, primary_port: int) -> None:
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for n in range(3):
+            port = _free_port()
+            home = work / f"sentinel{n}"
+            home.mkdir(parents=True)
+            conf = home / "sentinel.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndaemonize no\ndir {home}\n"
+                f"logfile {home / 'sentinel.log'}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n"
+                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
+            )
+            command = ["redis-server", str(conf), "--sentinel"]
+            self.procs.append(subprocess.Popen(command, stdout=subprocess.DEVNULL))
+            self.ports.append(port)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def master(self, n: int = 0) -> dict[str, Any]:
+        state = redis.Redis(port=self.ports[n]).sentinel_master(SERVICE)
+        assert isinstance(state, dict)
+        return state
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(10)
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Sentinels]]:
+    primary = RedisServer(tmp_path / "primary", unix_socket=False)
+    replica = RedisServer(tmp_path / "replica", unix_socket=False)
+    primary.start()
+    replica.start()
+    sentinels = None
+    assert primary.port is not None and replica.port is not None
+    try:
+        redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
+        to_primary = redis.Redis(port=primary.port)
+        until(lambda: to_primary.info("replication")["connected_slaves"] == 1,
+              30, "the replica syncing")  # fmt: skip
+        sentinels = Sentinels(tmp_path, primary.port)
+        for n in range(3):
+            until(functools.partial(_ready, sentinels, n), 30,
+                  f"sentinel {n} knowing the replica and the other sentinels")  # fmt: skip
+        yield primary, replica, sentinels
+    finally:
+        if sentinels is not None:
+            sentinels.stop()
+        replica.stop()
+        primary.stop()
+
+
+def _ready(sentinels: Sentinels, n: int) -> bool:
+    """Sentinel ``n`` answers and knows the replica and both others: a failover can be agreed."""
+    if not _answers(sentinels.ports[n]):
+        return False
+    state = sentinels.master(n)
+    return bool(state["num-slaves"] == 1 and state["num-other-sentinels"] == 2)
+
+
+def _deliveries(log: str, job_id: str) -> dict[str, int]:
+    """How many times each file of the job was put into its output, by name."""
+    found = re.findall(rf"event=file_delivered job={job_id} frame=\d+ url=\S+/([^/ ]+) ", log)
+    return {name: found.count(name) for name in set(found)}
+
+
+def test_the_primary_killed_mid_job_the_replica_takes_over_and_every_frame_arrives_once(
+    replicated: tuple[RedisServer, RedisServer, Sentinels], tmp_path: Path
+) -> None:
+    primary, replica, sentinels = replicated
+    # about half a second a tile, so the failover lands with most of the job still to do
+    scene = make_scene(tmp_path / "anim.blend", frame_end=3, samples=150)
+    w = WorkerProcess(sentinels.url, tmp_path, "w1")
+    try:
+        # the reference: the same job, no fault
+        store, ref_id = submit(w.settings, scene, tmp_path / "ref", tiles="2x2")
+        wait_for(store, ref_id, lambda e: e.type == "job_state" and e.state == "done", 180)
+
+        store, job_id = submit(w.settings, scene, tmp_path / "run", tiles="2x2")
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "done")
+        assert store.status(job_id).tiles_done < 6, "the failover must come mid-job"
+        assert primary.pid is not None
+        os.kill(primary.pid, signal.SIGKILL)
+        until(lambda: sentinels.master()["port"] == replica.port, 30, "the replica promoted")
+
+        done = jobstore.JobStore(jobstore.connect(sentinels.url))
+        wait_for(done, job_id, lambda e: e.type == "job_state" and e.state == "done", 180)
+        status = done.status(job_id)
+        assert status.frames_done == 3 and status.tiles_done == 12
+        for frame in (1, 2, 3):
+            name = f"frame_{frame:04d}.exr"
+            got = exr.read_rgba(tmp_path / "run" / "o" / name)
+            want = exr.read_rgba(tmp_path / "ref" / "o" / name)
+            assert np.array_equal(got, want), f"frame {frame} differs from the reference"
+        delivered = {f"frame_{frame:04d}.exr": 1 for frame in (1, 2, 3)}
+        assert _deliveries(w.log_text(), job_id) == {**delivered, "preview.mp4": 1}
+        assert w.proc.poll() is None, "the worker died with the failover"
+    finally:
+        w.stop()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+sentinel://127.0.0.1:26379", "names no service"),
+        ("redis+sentinel://sentinel-a/farm", "'sentinel-a', which is not host:port"),
+        ("redis+sentinel://a:1,b:99999/farm", "'b:99999', which is not host:port"),
+        ("redis+sentinel://user:secret@a:1/farm", "credentials other than ':password'"),
+        ("redis+sentinel://a:1/farm/zero", "database that is not a number"),
+        ("sentinel://a:1/farm", "is not redis://, rediss://, unix:// or redis+sentinel://"),
+    ],
+)
+def test_a_bad_sentinel_url_is_refused_saying_what_is_wrong(url: str, why: str) -> None:
+    with pytest.raises(BadParameter) as refused:
+        Settings.from_env({"FARM_REDIS_URL": url})
+    assert why in refused.value.message
+    assert "secret" not in refused.value.message
+
+
+def test_a_sentinel_url_names_its_sentinels_service_database_and_password() -> None:
+    address = redisurl.parse_sentinel("redis+sentinel://:p%40ss@10.0.0.1:26379,s2:26380/farm/2")
+    assert address == redisurl.SentinelAddress(
+        (("10.0.0.1", 26379), ("s2", 26380)), "farm", 2, "p@ss"
+    )
+    assert redisurl.parse_sentinel("redis+sentinel://s:1/farm").db == 0
