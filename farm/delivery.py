@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -87,7 +89,13 @@ def check_output(spec: JobSpec, settings: Settings) -> None:
 
 
 def deliver_frame(
-    conn: Redis, settings: Settings, spec: JobSpec, job_id: str, frame: int, files: list[Path]
+    conn: Redis,
+    settings: Settings,
+    spec: JobSpec,
+    job_id: str,
+    frame: int,
+    files: list[Path],
+    fence: Callable[[], None] | None = None,
 ) -> list[DeliveredFile]:
     """Put one frame's files into the job's output, record them, and write the manifest when
     this was the last frame to arrive.
@@ -96,7 +104,12 @@ def deliver_frame(
     the frame is committed, and an assembly repeated after a failover lost the commit finds
     the record and puts nothing. A failover between the put and the record repeats the put of
     the same bytes, which changes nothing: an object store commits once, and a folder
-    already holding those bytes is left as it is."""
+    already holding those bytes is left as it is.
+
+    ``fence`` (the assembly's lease check; raises when it is lost) runs right before each
+    file is renamed into a folder or put into a store, and before the manifest is written:
+    an assembler paused past its lease writes nothing."""
+    check = fence or (lambda: None)
     target = open_output(spec.output, settings)
     recorded = guard(conn.hget, keys.delivered(job_id), str(frame))
     if recorded is not None:
@@ -110,9 +123,11 @@ def deliver_frame(
                      target.url_for(path.name))  # fmt: skip
             return DeliveredFile(path.name, path.stat().st_size, sha256_file(path),
                                  target.url_for(path.name))  # fmt: skip
-        stored = target.put(
-            path.name, path, once=commits_once(target), deliverable=True, owner=job_id
-        )
+        if isinstance(target, LocalStorage):
+            stored = target.put(path.name, path, deliverable=True, owner=job_id, fence=check)
+        else:
+            check()
+            stored = target.put(path.name, path, once=True, deliverable=True, owner=job_id)
         log.info("event=file_delivered job=%s frame=%d url=%s bytes=%d took_s=%.3f",
                  job_id, frame, target.url_for(path.name), stored.size,
                  time.monotonic() - t0)  # fmt: skip
@@ -131,7 +146,7 @@ def deliver_frame(
     if count >= len(spec.frames):
         # every frame is recorded: this assembler saw the last one arrive (two may, at once;
         # both write the same list). The job is marked done only after this returns.
-        write_manifest(conn, settings, spec, job_id)
+        write_manifest(conn, settings, spec, job_id, check)
     return delivered
 
 
@@ -191,11 +206,26 @@ def manifest(conn: Redis, settings: Settings, spec: JobSpec, job_id: str) -> dic
     }
 
 
-def write_manifest(conn: Redis, settings: Settings, spec: JobSpec, job_id: str) -> StoredObject:
+def write_manifest(
+    conn: Redis,
+    settings: Settings,
+    spec: JobSpec,
+    job_id: str,
+    fence: Callable[[], None] | None = None,
+) -> StoredObject:
     target = open_output(spec.output, settings)
     body = json.dumps(manifest(conn, settings, spec, job_id), indent=2).encode()
-    # not committed once: two last assemblers may both write it (same files, fresh URLs)
-    stored = target.put_bytes(MANIFEST, body, deliverable=True)
+    # not committed once: two last assemblers may both write it (same files, fresh URLs);
+    # ``fence`` runs right before it replaces the old one
+    if isinstance(target, LocalStorage):
+        with tempfile.TemporaryDirectory(prefix="tessera-manifest-") as tmp:
+            src = Path(tmp) / MANIFEST
+            src.write_bytes(body)
+            stored = target.put(MANIFEST, src, deliverable=True, fence=fence)
+    else:
+        if fence is not None:
+            fence()
+        stored = target.put_bytes(MANIFEST, body, deliverable=True)
     log.info("event=manifest_written job=%s url=%s files=%d", job_id, target.url_for(MANIFEST),
              len(json.loads(body)["frames"]))  # fmt: skip
     return stored

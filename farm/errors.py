@@ -167,7 +167,9 @@ class StorageError(FarmError):
 
 
 class StorageUnavailable(StorageError):
-    """The store could not be reached or kept failing (5xx, resets, timeouts) after retries."""
+    """The store could not be reached or kept failing (5xx, resets, timeouts) after retries,
+    or its disk is full or failing (ENOSPC, EIO): a transient fault, not the file's. Workers
+    retry what raised it with back-off (FARM_STORAGE_RETRY_S), never counting an attempt."""
 
     code = "storage_unavailable"
 

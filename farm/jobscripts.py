@@ -173,7 +173,8 @@ local done = redis.call('HINCRBY', KEYS[1], 'tiles_done', 1)
 tile_event(KEYS[5], ARGV[1], ARGV[5], 'done', ARGV[2], ARGV[3], ARGV[4], '')
 local result = 'ok'
 if redis.call('HINCRBY', KEYS[3], ARGV[2], 1) == tonumber(ARGV[6]) then
-  redis.call('HSET', KEYS[4], ARGV[2], ARGV[7])
+  -- offered as assembly attempt 1 (the rq task's attempt; see CLAIM_FRAME)
+  redis.call('HSET', KEYS[4], ARGV[2], ARGV[7], ARGV[2] .. ':a', 1)
   redis.call('ZADD', FRAME_DEADLINES, ARGV[7], ARGV[1] .. '|' .. ARGV[2])
   result = 'frame_ready'
 end
@@ -228,11 +229,12 @@ return {'failed', ARGV[4]}
 """
 )
 
-# KEYS: job, assembling, events   ARGV: jid, frame, ts
+# KEYS: job, assembling, events   ARGV: jid, frame, ts, assembly attempt
 FINISH_FRAME = (
     PRELUDE
     + """
-if redis.call('HDEL', KEYS[2], ARGV[2]) == 0 then return 'stale' end
+if redis.call('HGET', KEYS[2], ARGV[2] .. ':a') ~= ARGV[4] then return 'stale' end
+redis.call('HDEL', KEYS[2], ARGV[2], ARGV[2] .. ':a')
 redis.call('ZREM', FRAME_DEADLINES, ARGV[1] .. '|' .. ARGV[2])
 local st = redis.call('HGET', KEYS[1], 'state')
 if FINAL[st] then return 'job_' .. st end
@@ -245,13 +247,34 @@ return 'ok'
 """
 )
 
-# KEYS: job, assembling   ARGV: frame, deadline, job id   (an assembler claims or renews a frame)
-CLAIM_FRAME = f"""
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return 0 end
+# KEYS: job, assembling   ARGV: frame, deadline, job id, assembly attempt, now
+# An assembler claims or renews its frame: the assembly's lease, fenced by its attempt. The
+# sweep re-offers a frame whose deadline passed under the next attempt (a new rq task), so an
+# assembler paused past its lease can neither renew nor deliver (FENCE_FRAME) again.
+CLAIM_FRAME = (
+    PRELUDE
+    + """
+if FINAL[redis.call('HGET', KEYS[1], 'state') or 'done'] then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1] .. ':a') ~= ARGV[4] then return 0 end
+if tonumber(redis.call('HGET', KEYS[2], ARGV[1])) < tonumber(ARGV[5]) then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZADD', '{keys.FRAME_DEADLINES}', ARGV[2], ARGV[3] .. '|' .. ARGV[1])
+redis.call('ZADD', FRAME_DEADLINES, ARGV[2], ARGV[3] .. '|' .. ARGV[1])
 return 1
 """
+)
+
+# KEYS: job, assembling   ARGV: frame, assembly attempt, now
+# Checked right before each of a frame's files is renamed or put into the output, and before
+# the manifest: 1 while this attempt's assembly lease holds and the job runs, else 0.
+FENCE_FRAME = (
+    PRELUDE
+    + """
+if FINAL[redis.call('HGET', KEYS[1], 'state') or 'done'] then return 0 end
+if redis.call('HGET', KEYS[2], ARGV[1] .. ':a') ~= ARGV[2] then return 0 end
+if tonumber(redis.call('HGET', KEYS[2], ARGV[1])) < tonumber(ARGV[3]) then return 0 end
+return 1
+"""
+)
 
 # KEYS: job, tiles, events   ARGV: jid, new_state, ts, reason
 # Cancel or fail a whole job; its queued and rendering tiles are canceled with it.
@@ -314,7 +337,7 @@ return out
 # attempts), frame assemblies past their deadline (offered again), and requeued tiles whose push
 # to the queue was never confirmed (checked against the queue by the caller, and named by every
 # sweep until it confirms them: a push that failed is tried again).
-# Returns {'leader', 't', job, frame, index, attempt, ..., 'f', job, frame, ..., 'p', job, frame,
+# Returns {'leader', 't', job, frame, index, attempt, ..., 'f', job, frame, attempt, ..., 'p', job, frame,
 # index, attempt, ...}.
 SWEEP = (
     PRELUDE
@@ -381,9 +404,11 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', FRAME_DEADLINES, '-inf', '('
   elseif tonumber(deadline) >= now then
     redis.call('ZADD', FRAME_DEADLINES, deadline, member)
   else
+    -- offered again under the next attempt: the late assembler's lease is fenced off
+    local attempt = redis.call('HINCRBY', ak, frame .. ':a', 1)
     redis.call('HSET', ak, frame, ARGV[5])
     redis.call('ZADD', FRAME_DEADLINES, ARGV[5], member)
-    table.insert(out, 'f'); table.insert(out, jid); table.insert(out, frame)
+    for _, v in ipairs({'f', jid, frame, tostring(attempt)}) do table.insert(out, v) end
   end
 end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',

@@ -16,7 +16,8 @@ from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState, TileState
 
-#: how long an assembler may hold a frame before another may take it over
+#: how long a frame offered for assembly may wait for an assembler to take it before the sweep
+#: offers it again (an assembler then holds it under the tiles' renewed lease, tile_lease_s)
 ASSEMBLY_LEASE_S = 120.0
 #: ended jobs a sweep pass trims to their summary at most (the rest wait for the next pass)
 TRIM_LIMIT = 200
@@ -34,8 +35,8 @@ class Sweep:
     leader: bool
     #: attempts requeued because their worker stopped renewing them: to push to the queue
     tiles: list[TileTask]
-    #: (job, frame) assemblies past their deadline: to queue again
-    frames: list[tuple[str, int]]
+    #: (job, frame, assembly attempt) assemblies past their deadline: to queue again
+    frames: list[tuple[str, int, int]]
     #: requeued attempts whose push was never confirmed: push those the queue does not hold
     unconfirmed: list[TileTask]
     #: ended jobs trimmed to their summary in this pass
@@ -70,6 +71,7 @@ class JobStore:
         self._fail = conn.register_script(jobscripts.FAIL_TILE)
         self._finish_frame = conn.register_script(jobscripts.FINISH_FRAME)
         self._claim_frame = conn.register_script(jobscripts.CLAIM_FRAME)
+        self._fence_frame = conn.register_script(jobscripts.FENCE_FRAME)
         self._end = conn.register_script(jobscripts.END_JOB)
         self._retry = conn.register_script(jobscripts.RETRY_FAILED)
         self._sweep = conn.register_script(jobscripts.SWEEP)
@@ -303,23 +305,36 @@ class JobStore:
         outcome = str(reply[0])
         return outcome, int(reply[1]) if len(reply) > 1 else 0
 
-    def claim_frame(self, job_id: str, frame: int) -> bool:
-        """Take (or renew) the assembly of a frame whose tiles are all in."""
-        deadline = self.clock() + ASSEMBLY_LEASE_S
+    def claim_frame(self, job_id: str, frame: int, attempt: int = 1) -> bool:
+        """Take (or renew) assembly ``attempt`` of a frame whose tiles are all in, for
+        ``tile_lease_s``; False once the frame was offered again under a later attempt (this
+        assembler was paused or cut off past its lease), is assembled, or its job ended."""
+        now = self.clock()
         return bool(
             self._run(
                 self._claim_frame,
                 [keys.job(job_id), keys.assembling(job_id)],
-                [frame, deadline, job_id],
+                [frame, now + self.tile_lease_s, job_id, attempt, now],
             )
         )
 
-    def finish_frame(self, job_id: str, frame: int) -> str:
+    def frame_fenced(self, job_id: str, frame: int, attempt: int) -> bool:
+        """True when assembly ``attempt`` may no longer deliver: its lease passed or went to
+        a later attempt, or the job ended. Checked right before each file reaches the output."""
+        reply = self._run(
+            self._fence_frame,
+            [keys.job(job_id), keys.assembling(job_id)],
+            [frame, attempt, self.clock()],
+        )
+        return not reply
+
+    def finish_frame(self, job_id: str, frame: int, attempt: int = 1) -> str:
+        """Commit assembly ``attempt`` of a frame: 'ok', 'stale' (not this attempt's), 'job_<s>'."""
         return str(
             self._run(
                 self._finish_frame,
                 [keys.job(job_id), keys.assembling(job_id), keys.events(job_id)],
-                [job_id, frame, self.clock()],
+                [job_id, frame, self.clock(), attempt],
             )
         )
 
@@ -370,13 +385,13 @@ class JobStore:
             [sweeper, now, int(period_s * 2000), limit, now + ASSEMBLY_LEASE_S, grace],
         )
         tiles: list[TileTask] = []
-        frames: list[tuple[str, int]] = []
+        frames: list[tuple[str, int, int]] = []
         unconfirmed: list[TileTask] = []
         i = 1
         while i < len(flat):
             if flat[i] == "f":
-                frames.append((str(flat[i + 1]), int(flat[i + 2])))
-                i += 3
+                frames.append((str(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3])))
+                i += 4
                 continue
             task = TileTask(str(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]), int(flat[i + 4]))
             (tiles if flat[i] == "t" else unconfirmed).append(task)

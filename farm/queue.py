@@ -109,16 +109,17 @@ class RenderQueue:
             return 0
         return int(json.loads(text).get("priority", 0))
 
-    def enqueue_assembly(self, job_id: str, frame: int, timeout_s: float) -> None:
-        # at the front: a finished frame is worth more to the user than one more tile
+    def enqueue_assembly(self, job_id: str, frame: int, timeout_s: float, attempt: int = 1) -> None:
+        # at the front: a finished frame is worth more to the user than one more tile. Each
+        # assembly attempt is its own rq task: a re-offer never reuses a task rq may still hold
         guard(
             self.queue.enqueue_call,
             ASSEMBLE_TASK,
-            args=(job_id, frame),
+            args=(job_id, frame, attempt),
             timeout=_rq_timeout(timeout_s),
             result_ttl=0,
             failure_ttl=FAILURE_TTL_S,
-            job_id=f"assemble-{job_id}-{frame}",
+            job_id=f"assemble-{job_id}-{frame}-{attempt}",
             at_front=True,
             description=f"job {job_id} assemble frame {frame}",
         )

@@ -140,6 +140,11 @@ class Settings:
     lease_ttl_s: float = 15.0
     """FARM_LEASE_TTL_S: a lease not renewed for this long is reclaimed."""
 
+    storage_retry_s: float = 600.0
+    """FARM_STORAGE_RETRY_S: how long a worker retries, with back-off, a tile or frame its
+    storage cannot take for a transient reason (full disk, EIO, S3 5xx or timeouts) before the
+    attempt fails. Such retries never count as attempts."""
+
     agent_timeout_s: float = 15.0
     """FARM_AGENT_TIMEOUT_S: an agent silent for this long leaves the pool with its devices."""
 
@@ -511,6 +516,7 @@ ENV: dict[str, tuple[str, type, float]] = {
     "device_overrides": ("FARM_DEVICE_OVERRIDES", str, 0),
     "render_vram_floor_mib": ("FARM_RENDER_VRAM_FLOOR_MIB", int, 0),
     "lease_ttl_s": ("FARM_LEASE_TTL_S", float, 0.1),
+    "storage_retry_s": ("FARM_STORAGE_RETRY_S", float, 0),
     "agent_timeout_s": ("FARM_AGENT_TIMEOUT_S", float, 0.1),
     "metrics_port": ("FARM_METRICS_PORT", int, 0),
     "metrics_host": ("FARM_METRICS_HOST", str, 0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import shutil
@@ -28,6 +29,7 @@ from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_k
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown
+from workers.storageretry import retry_storage
 from workers.uploadcache import cached_upload
 
 log = logging.getLogger("tessera.worker")
@@ -116,9 +118,10 @@ class WorkerContext:
             except Exception as exc:  # one job's failure must not keep the others' tiles waiting
                 log.warning("event=sweep_push_failed job=%s tiles=%d error=%r", job_id,
                             len(mine), exc, exc_info=not isinstance(exc, FarmError))  # fmt: skip
-        for job_id, frame in found.frames:
+        for job_id, frame, attempt in found.frames:
             try:
-                self.queue.enqueue_assembly(job_id, frame, self.spec(job_id).tile_timeout_s)
+                self.queue.enqueue_assembly(job_id, frame, self.spec(job_id).tile_timeout_s,
+                                            attempt)  # fmt: skip
             except Exception as exc:  # offered again once its new assembly deadline passes
                 log.warning("event=sweep_assembly_failed job=%s frame=%d error=%r", job_id,
                             frame, exc, exc_info=not isinstance(exc, FarmError))  # fmt: skip
@@ -238,8 +241,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
                 timeout_s=spec.tile_timeout_s,
                 options=stillmodes.task_options(spec, task.index),
             )
-        ctx.storage.move_in(tile_key(task.job_id, task.frame, task.index, task.attempt),
-                            scratch)  # fmt: skip
+        _store_tile(ctx, task, scratch, renewal)
     except FarmError as exc:
         scratch.unlink(missing_ok=True)
         if renewal.lost is not None:
@@ -273,7 +275,26 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
              task.attempt, result.get("render_s", 0.0), time.monotonic() - t0, outcome,
              lease.device, result.get("device"), lease.token)  # fmt: skip
     if outcome == "frame_ready":
-        ctx.queue.enqueue_assembly(task.job_id, task.frame, spec.tile_timeout_s)
+        ctx.queue.enqueue_assembly(task.job_id, task.frame, spec.tile_timeout_s, 1)
+
+
+def _store_tile(ctx: WorkerContext, task: TileTask, scratch: Path, renewal: _Renewal) -> None:
+    """Store the rendered tile; a full disk or a store outage is waited out, the tile's and
+    the device's leases renewed meanwhile: it costs time, never an attempt."""
+
+    def keep() -> None:
+        try:
+            renewal.lease = ctx.allocator.renew(renewal.lease)
+        except LeaseLost as exc:
+            renewal.lost = str(exc.fields.get("why", exc.message))
+            raise
+        if not ctx.store.touch_tile(task):
+            renewal.lost = "the tile was taken over"
+            raise LeaseLost(renewal.lost)
+
+    key = tile_key(task.job_id, task.frame, task.index, task.attempt)
+    retry_storage(lambda: ctx.storage.move_in(key, scratch), budget_s=ctx.settings.storage_retry_s,
+                  what=f"tile {task.index} of frame {task.frame}", keep=keep)  # fmt: skip
 
 
 def _tile_failed(
@@ -379,14 +400,24 @@ class _Renewal:
 # --- frames ------------------------------------------------------------------------------------
 
 
-def assemble_frame(job_id: str, frame: int) -> None:
-    """Stitch a frame's tiles, write the job's formats into its output folder, commit the frame."""
+def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
+    """Stitch a frame's tiles, write the job's formats into its output folder, commit the frame.
+
+    ``attempt`` is the assembly's lease token: renewed while it assembles, checked right before
+    each file reaches the output. A storage outage is waited out (FARM_STORAGE_RETRY_S)."""
     ctx = context()
-    if not ctx.store.claim_frame(job_id, frame):
+    if not ctx.store.claim_frame(job_id, frame, attempt):
+        log.info("event=assembly_skipped job=%s frame=%d attempt=%d", job_id, frame, attempt)
         return
     spec = ctx.spec(job_id)
     try:
-        _assemble(ctx, spec, job_id, frame)
+        with _FrameLease(ctx, job_id, frame, attempt) as lease:
+            _assemble(ctx, spec, job_id, frame, lease)
+    except LeaseLost as exc:
+        # paused or cut off past the lease: another assembler has the frame; nothing written
+        log.warning("event=assembly_fenced job=%s frame=%d attempt=%d why=%r", job_id, frame,
+                    attempt, exc.message)  # fmt: skip
+        return
     except FarmError as exc:
         log.warning("event=assembly_failed job=%s frame=%d error=%s message=%r fields=%r",
                     job_id, frame, exc.code, exc.message, exc.fields)  # fmt: skip
@@ -394,7 +425,7 @@ def assemble_frame(job_id: str, frame: int) -> None:
         ctx.store.end_job(job_id, JobState.FAILED, reason)
         metrics.observe_job_end(ctx.store, job_id)
         return
-    outcome = ctx.store.finish_frame(job_id, frame)
+    outcome = ctx.store.finish_frame(job_id, frame, attempt)
     if outcome == "ok":
         metrics.observe_job_end(ctx.store, job_id)
     if outcome == "ok" and ctx.settings.tile_retention == "delete":
@@ -405,7 +436,9 @@ def assemble_frame(job_id: str, frame: int) -> None:
     log.info("event=frame_done job=%s frame=%d commit=%s", job_id, frame, outcome)
 
 
-def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> None:
+def _assemble(
+    ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int, lease: _FrameLease
+) -> None:
     attempts = ctx.store.committed_attempts(job_id, frame, spec.tasks_per_frame)
     # tiles are read from the storage into, and the frame's files written to, a scratch folder;
     # the files then go to the job's output (folder or S3) through farm.delivery
@@ -413,9 +446,14 @@ def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> Non
     ctx.child.writable(work)  # the (sandboxed) child writes the frame's files there
     try:
         outputs = [
-            ctx.storage.fetch(tile_key(job_id, frame, i, a), work / f"tile-{i}.exr")
+            retry_storage(
+                functools.partial(ctx.storage.fetch, tile_key(job_id, frame, i, a),
+                                  work / f"tile-{i}.exr"),
+                budget_s=ctx.settings.storage_retry_s, what=f"tile {i} of frame {frame}",
+                keep=lease.check,
+            )
             for i, a in enumerate(attempts)
-        ]
+        ]  # fmt: skip
         # stitch (or merge a sample split), denoise once, write the formats (workers.stillmodes)
         files, still = stillmodes.frame_files(spec, frame, outputs, ctx.child,
                                               ctx.prepare(spec.source, spec.project), work,
@@ -423,6 +461,46 @@ def _assemble(ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int) -> Non
         video = stillmodes.animation_preview(ctx.storage, spec, job_id, frame, still, work)
         if video is not None:
             files.append(video)
-        delivery.deliver_frame(ctx.conn, ctx.settings, spec, job_id, frame, files)
+        retry_storage(
+            lambda: delivery.deliver_frame(ctx.conn, ctx.settings, spec, job_id, frame, files,
+                                           fence=lease.check),
+            budget_s=ctx.settings.storage_retry_s, what=f"frame {frame}", keep=lease.check,
+        )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class _FrameLease:
+    """An assembly's lease (its attempt), renewed while it assembles like a tile's.
+
+    ``check`` asks Redis whether this attempt still holds the frame and raises LeaseLost when
+    it does not: delivery runs it right before each file reaches the output."""
+
+    def __init__(self, ctx: WorkerContext, job_id: str, frame: int, attempt: int) -> None:
+        self.ctx, self.job_id, self.frame, self.attempt = ctx, job_id, frame, attempt
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="frame-lease", daemon=True)
+
+    def __enter__(self) -> _FrameLease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def check(self) -> None:
+        if self.ctx.store.frame_fenced(self.job_id, self.frame, self.attempt):
+            raise LeaseLost(f"assembly attempt {self.attempt} of frame {self.frame} lost its "
+                            "lease", job_id=self.job_id, frame=self.frame)  # fmt: skip
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ctx.store.tile_lease_s / 3):
+            try:
+                if not self.ctx.store.claim_frame(self.job_id, self.frame, self.attempt):
+                    log.warning("event=assembly_lease_lost job=%s frame=%d attempt=%d",
+                                self.job_id, self.frame, self.attempt)  # fmt: skip
+                    return
+            except FarmError as exc:  # Redis away for a moment: the next beat tries again
+                log.warning("event=renew_failed job=%s frame=%d error=%r", self.job_id,
+                            self.frame, exc.message)  # fmt: skip

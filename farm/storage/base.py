@@ -106,11 +106,11 @@ class Storage(ABC):
             return self.put(key, src, once=once, deliverable=deliverable)
 
     def move_in(self, key: str, src: Path) -> StoredObject:
-        """Put ``src`` under ``key``; the scratch file ``src`` is gone afterwards."""
-        try:
-            return self.put(key, src)
-        finally:
-            src.unlink(missing_ok=True)
+        """Put ``src`` under ``key``; the scratch file ``src`` is gone once stored, and kept
+        when storing failed (for a retry)."""
+        stored = self.put(key, src)
+        src.unlink(missing_ok=True)
+        return stored
 
     @abstractmethod
     def get(self, key: str, dest: Path) -> Path:

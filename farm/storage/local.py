@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from farm.errors import (
@@ -13,14 +14,34 @@ from farm.errors import (
     StorageCorrupt,
     StorageError,
     StorageNotFound,
+    StorageUnavailable,
 )
 from farm.storage.base import FILE_MODE, Storage, StoredObject, check_key, sha256_file
 
+#: errors of the disk, not of the file: a full or failing disk, a mount that stopped answering
+_TRANSIENT = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ETIMEDOUT, errno.ESTALE})
 
-def place_file(src: Path, dest: Path, *, move: bool = False) -> None:
-    """Put ``src`` at ``dest`` atomically: readers see the old file, or the whole new one."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if move:
+
+def write_error(exc: OSError, dest: Path, **fields: object) -> StorageError:
+    """An OSError writing ``dest`` as the farm's: StorageUnavailable (retried, never counted
+    as an attempt) when the disk rather than the file is at fault."""
+    cls = StorageUnavailable if exc.errno in _TRANSIENT else StorageError
+    return cls(f"cannot write {dest}: {exc.strerror or exc}", path=str(dest), errno=exc.errno,
+               **fields)  # fmt: skip
+
+
+def place_file(
+    src: Path, dest: Path, *, move: bool = False, fence: Callable[[], None] | None = None
+) -> None:
+    """Put ``src`` at ``dest`` atomically: readers see the old file, or the whole new one.
+
+    ``fence`` runs right before the rename; when it raises, ``dest`` is left as it was and no
+    temporary file stays behind (a stale writer writes nothing)."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(exc, dest) from exc
+    if move and fence is None:
         try:
             os.replace(src, dest)
             return
@@ -28,24 +49,32 @@ def place_file(src: Path, dest: Path, *, move: bool = False) -> None:
             pass  # another filesystem: copy below, then remove the source
     tmp = _copy_beside(src, dest)
     try:
+        if fence is not None:
+            fence()
         os.replace(tmp, dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise StorageError(f"cannot write {dest}: {exc.strerror or exc}", path=str(dest)) from exc
+        raise write_error(exc, dest) from exc
+    except BaseException:  # the fence refused: the temporary file goes, dest is untouched
+        tmp.unlink(missing_ok=True)
+        raise
     if move:
         src.unlink(missing_ok=True)
 
 
 def _copy_beside(src: Path, dest: Path) -> Path:
     """A copy of ``src`` in ``dest``'s folder under a hidden temporary name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+    except OSError as exc:
+        raise write_error(exc, dest) from exc
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
         os.chmod(tmp, FILE_MODE)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise StorageError(f"cannot write {dest}: {exc.strerror or exc}", path=str(dest)) from exc
+        raise write_error(exc, dest) from exc
     return Path(tmp)
 
 
@@ -69,11 +98,13 @@ class LocalStorage(Storage):
         once: bool = False,
         deliverable: bool = False,
         owner: str = "",
+        fence: Callable[[], None] | None = None,
     ) -> StoredObject:
+        """``fence`` (not with ``once``) runs right before the rename; see place_file."""
         dest = self.path(check_key(key))
         size = src.stat().st_size
         if not once:
-            place_file(src, dest)
+            place_file(src, dest, fence=fence)
         else:
             self._put_once(key, src, dest)
         stored = dest.stat().st_size
@@ -90,7 +121,10 @@ class LocalStorage(Storage):
         return StoredObject(key, size)
 
     def _put_once(self, key: str, src: Path, dest: Path) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(exc, dest, key=key) from exc
         tmp = _copy_beside(src, dest)
         try:
             try:
@@ -99,7 +133,7 @@ class LocalStorage(Storage):
                 raise
             except OSError as exc:
                 if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
-                    raise StorageError(f"cannot write {dest}: {exc.strerror}", key=key) from exc
+                    raise write_error(exc, dest, key=key) from exc
                 # a filesystem without hard links: exclusive create, then the bytes in place
                 with dest.open("xb"):
                     pass

@@ -286,17 +286,17 @@ def test_priority_orders_waiting_tiles_and_a_change_moves_them(
     assert [short[j] for j in _job_order(queue)] == ["high", "low", "later"]
     # a frame's assembly stays in front of every tile, whatever the priorities
     queue.enqueue_assembly(low, 1, 60)
-    assert queue.waiting_ids()[0] == f"assemble-{low}-1"
+    assert queue.waiting_ids()[0] == f"assemble-{low}-1-1"
     queue.set_priority(later, 9)
     assert [short[j] for j in _job_order(queue)] == ["later", "high", "low"]
     # back to 0: behind the higher job again, at the back of its band
     queue.set_priority(later, 0)
     assert [short[j] for j in _job_order(queue)] == ["high", "low", "later"]
-    assert queue.waiting_ids()[0] == f"assemble-{low}-1"
+    assert queue.waiting_ids()[0] == f"assemble-{low}-1-1"
     assert queue.depth() == 7, "moving loses and duplicates nothing"
     # workers take them in that order, one reliable take at a time
     taken = [_take(queue) for _ in range(7)]
-    assert taken[0] == f"assemble-{low}-1"
+    assert taken[0] == f"assemble-{low}-1-1"
     assert [short[j] for j in dict.fromkeys(_job_of(t) for t in taken[1:])] == [
         "high", "low", "later",
     ]  # fmt: skip
@@ -384,8 +384,10 @@ def test_one_sweeper_requeues_expired_tiles_of_every_job_and_reopens_stalled_fra
         store.finish_tile(task, 2)
     rconn.hset(keys.assembling(jobs[0]), "1", time.time() - 1)
     rconn.zadd(keys.FRAME_DEADLINES, {f"{jobs[0]}|1": time.time() - 1})
-    assert store.sweep("w1", period_s=5).frames == [(jobs[0], 1)]
+    # under the next assembly attempt: the vanished assembler's lease is fenced off
+    assert store.sweep("w1", period_s=5).frames == [(jobs[0], 1, 2)]
     assert store.sweep("w1", period_s=5).frames == []
+    assert not store.claim_frame(jobs[0], 1, 1) and store.claim_frame(jobs[0], 1, 2)
     # the requeued attempt was never confirmed pushed: after the grace the sweep names it, and
     # names it again (a push that failed) until the caller confirms it is in the queue
     requeued = TileTask(jobs[1], 2, 1, 2)
