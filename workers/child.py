@@ -15,6 +15,7 @@ import re
 import select
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -45,8 +46,9 @@ CHILD_ENV = frozenset({"PYTHONPATH", "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"
 class BlenderChild(lifetime.ChildHandle):
     """One Blender child process; requests start it lazily, so a crash costs one request.
 
-    Not thread-safe: one request at a time. The child arms PR_SET_PDEATHSIG, which Linux fires
-    when the *thread* that spawned it exits; start it from a long-lived thread.
+    Not thread-safe: one request at a time (``cancel`` and ``interrupt`` excepted). The child
+    arms PR_SET_PDEATHSIG, which Linux fires when the *thread* that spawned it exits; start it
+    from a long-lived thread.
     """
 
     def __init__(
@@ -74,6 +76,12 @@ class BlenderChild(lifetime.ChildHandle):
         self._proc: subprocess.Popen[bytes] | None = None
         self._cmd_fd: int | None = None
         self._reply_fd: int | None = None
+        #: a pipe another thread writes to stop the request in flight (``cancel``)
+        self._cancel_r: int | None = None
+        self._cancel_w: int | None = None
+        self._cancel_why = ""
+        self._in_flight = False
+        self._lock = threading.Lock()
         self._log_path: Path | None = None
         self.blender_version: str | None = None
         #: the backend the child renders on ("CPU", "OPTIX", ...), None when no GPU was found
@@ -166,6 +174,8 @@ class BlenderChild(lifetime.ChildHandle):
             os.close(cmd_r)
             os.close(reply_w)
         self._cmd_fd, self._reply_fd = cmd_w, reply_r
+        with self._lock:
+            self._cancel_r, self._cancel_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._log_path = log_dir / f"{self.name}-{self._proc.pid}.log"
         os.replace(pending_log, self._log_path)
         if wait:
@@ -283,6 +293,22 @@ class BlenderChild(lifetime.ChildHandle):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()  # bubblewrap's --die-with-parent takes the sandbox with it
 
+    def cancel(self, why: str) -> bool:
+        """Stop the request in flight, from another thread, unless its reply has come.
+
+        The talking thread decides, so a child that finished is never killed: when the reply is
+        there it is returned as usual (the caller then knows, e.g. from its lease, not to use
+        it); else the child is killed and the request raises RenderError saying ``why``.
+        Returns whether a request was in flight.
+        """
+        with self._lock:
+            if not self._in_flight or self._cancel_w is None:
+                return False
+            self._cancel_why = why
+            with contextlib.suppress(BlockingIOError):  # one byte already waits: enough
+                os.write(self._cancel_w, b"x")
+            return True
+
     def _cleanup(self) -> None:
         if self._box is not None:
             # the sandbox's every process (a fork Blender left behind included) and its cgroup
@@ -293,6 +319,11 @@ class BlenderChild(lifetime.ChildHandle):
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._cmd_fd = self._reply_fd = None
+        with self._lock:
+            for fd in (self._cancel_r, self._cancel_w):
+                if fd is not None:
+                    os.close(fd)
+            self._cancel_r = self._cancel_w = None
 
     def use(self, project: str | None, root: Path, local: bool = False) -> bool:
         """Serve ``project``'s file set ``root`` (the job's .blend folder or unpacked zip).
@@ -434,6 +465,11 @@ class BlenderChild(lifetime.ChildHandle):
         if self.root is not None and "path" in message:
             message = {**message, "root": str(self.root)}
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._in_flight = True
+            if self._cancel_r is not None:
+                with contextlib.suppress(BlockingIOError):  # a cancel of an earlier request
+                    os.read(self._cancel_r, 64)
         try:
             self._send(message)
         except BrokenPipeError:
@@ -441,7 +477,11 @@ class BlenderChild(lifetime.ChildHandle):
         except wire.WireError as exc:
             # refused before a byte was written: the child is still in step
             raise RenderError(f"{doing} was not asked of Blender: {exc}", **context) from None
-        reply = self._receive(deadline, timeout_s, doing, context)
+        try:
+            reply = self._receive(deadline, timeout_s, doing, context)
+        finally:
+            with self._lock:
+                self._in_flight = False
         if reply.get("ok"):
             result: dict[str, Any] = reply.get("result", {})
             return result
@@ -455,10 +495,12 @@ class BlenderChild(lifetime.ChildHandle):
     def _receive(
         self, deadline: float, timeout_s: float, doing: str, context: dict[str, Any]
     ) -> dict[str, Any]:
-        assert self._reply_fd is not None
+        assert self._reply_fd is not None and self._cancel_r is not None
         poller = select.poll()
         poller.register(self._reply_fd, select.POLLIN)
+        poller.register(self._cancel_r, select.POLLIN)
         decoder = wire.Decoder()
+        replying = False
         while True:
             left_s = deadline - time.monotonic()
             if left_s <= 0:
@@ -471,8 +513,24 @@ class BlenderChild(lifetime.ChildHandle):
                     pid=pid,
                     **context,
                 )
-            if not poller.poll(math.ceil(left_s * 1000)):
+            ready = {fd for fd, _ in poller.poll(math.ceil(left_s * 1000))}
+            if not ready:
                 continue
+            if self._reply_fd not in ready:
+                with self._lock:
+                    why = self._cancel_why
+                pid = self.pid
+                self.kill()
+                raise RenderError(
+                    f"{doing} was stopped ({why}); the Blender child was killed",
+                    pid=pid,
+                    stopped=why,
+                    **context,
+                )
+            if not replying:
+                # the reply is on its way (or the child died): nothing is left to stop
+                replying = True
+                poller.unregister(self._cancel_r)
             chunk = os.read(self._reply_fd, 1 << 16)
             if not chunk:
                 raise self._crashed(doing, context)

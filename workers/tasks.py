@@ -241,6 +241,9 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
                 timeout_s=spec.tile_timeout_s,
                 options=stillmodes.task_options(spec, task.index),
             )
+        if renewal.lost is not None:
+            # found lost once Blender had finished: the child is kept, the result dropped
+            raise LeaseLost(f"lease lost after the render: {renewal.lost}")
         _store_tile(ctx, task, scratch, renewal)
     except FarmError as exc:
         scratch.unlink(missing_ok=True)
@@ -352,7 +355,8 @@ class _Renewal:
     """Renews the tile and its device lease while the Blender child renders.
 
     When the lease is lost (a stream preempted it, or this process was paused past it) the
-    Blender child is killed at once: the tile's result could no longer be committed.
+    render is cancelled at once, since its result could no longer be committed: the Blender
+    child is killed, unless it has already finished (then it is kept, and the result dropped).
     """
 
     def __init__(self, ctx: WorkerContext, task: TileTask, lease: Lease) -> None:
@@ -393,7 +397,7 @@ class _Renewal:
             if self.lost is not None:
                 log.warning("event=lease_lost job=%s frame=%d tile=%d why=%r", self.task.job_id,
                             self.task.frame, self.task.index, self.lost)  # fmt: skip
-                self.ctx.child.interrupt()
+                self.ctx.child.cancel(f"lease lost: {self.lost}")
                 return
 
 

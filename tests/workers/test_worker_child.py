@@ -1,0 +1,64 @@
+"""A real worker's hold on its Blender child: kept when a lease is found lost after its render."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from farm.redisserver import RedisServer
+from tests.blendscenes import make_scene
+from tests.farmprocs import WorkerProcess, submit, until, wait_for
+
+
+def _waiting_for_a_request(pid: int) -> bool:
+    """Whether the Blender child's main thread is blocked reading its command pipe."""
+    try:
+        return "pipe" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+
+
+def test_a_lease_found_lost_after_the_render_finished_commits_nothing_and_keeps_the_child(
+    redis_server: RedisServer, redis_url: str, tmp_path: Path
+) -> None:
+    slow = make_scene(tmp_path / "slow" / "slow.blend", width=96, height=54)
+    w = WorkerProcess(redis_url, tmp_path, "w1", FARM_LEASE_TTL_S="2")
+    redis_pid = redis_server.pid
+    assert redis_pid is not None
+    paused = False
+    try:
+        store, job_id = submit(w.settings, slow, tmp_path, tiles="1x1", samples=200)
+        blender = w.blender_pid()
+        child_logs = tmp_path / "work" / "w1-logs"
+        until(lambda: any("event=render " in p.read_text() for p in child_logs.glob("*.log")),
+              120, "the child rendering the tile")  # fmt: skip
+        children = sorted(child_logs.glob("*.log"))  # the worker's first child, then the job's
+        switches = w.log_text().count("event=child_switch")
+        # Redis stalls (a failover, a slow disk) while the child renders on: the lease's next
+        # renewal waits for its answer, and the render ends before it comes
+        os.kill(redis_pid, signal.SIGSTOP)
+        paused, paused_at = True, time.monotonic()
+        scratch = tmp_path / "work" / "w1" / f"{job_id}-1-0-1.exr"
+        until(lambda: scratch.exists() and _waiting_for_a_request(blender), 60,
+              "the child finishing the render")  # fmt: skip
+        # the lease, last renewed before the stall, runs out on Redis's clock meanwhile
+        expiry = paused_at + w.settings.lease_ttl_s + 0.5
+        until(lambda: time.monotonic() > expiry, 10, "the lease's expiry")
+        os.kill(redis_pid, signal.SIGCONT)
+        paused = False
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 180)
+        text = w.log_text()
+        first = [line for line in text.splitlines() if "attempt=1 " in line]
+        assert [line for line in first if "event=tile_failed" in line and "lease lost" in line]
+        assert not [line for line in first if "commit=ok" in line or "commit=frame_ready" in line]
+        assert store.tile_attempt(job_id, 1, 0) == 2, "the late result of attempt 1 committed"
+        # the child that finished attempt 1 rendered attempt 2: not killed, not restarted
+        assert w.blender_pid() == blender
+        assert sorted(child_logs.glob("*.log")) == children
+        assert text.count("event=child_switch") == switches
+    finally:
+        if paused:
+            os.kill(redis_pid, signal.SIGCONT)
+        w.stop()
