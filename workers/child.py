@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import math
 import os
 import re
@@ -33,8 +34,15 @@ from farm.settings import Settings
 from farm.tiling import Rect
 from workers import wire
 
+log = logging.getLogger("tessera.worker")
+
 #: time allowed for a fresh child to import bpy and answer its first ping
 START_TIMEOUT_S = 120.0
+#: children that die (or hang) while starting, in a row, before a start gives up
+START_ATTEMPTS = 5
+#: seconds before the second start; doubled before each further one, up to START_BACKOFF_MAX_S
+START_BACKOFF_S = 0.5
+START_BACKOFF_MAX_S = 8.0
 #: lines of the child's log quoted in a crash report
 LOG_TAIL_LINES = 20
 
@@ -135,6 +143,11 @@ class BlenderChild(lifetime.ChildHandle):
         """
         if self.alive:
             return
+        self._spawn()
+        if wait:
+            self.wait_ready()
+
+    def _spawn(self) -> None:
         self._cleanup()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         log_dir = self.log_dir
@@ -178,8 +191,6 @@ class BlenderChild(lifetime.ChildHandle):
             self._cancel_r, self._cancel_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._log_path = log_dir / f"{self.name}-{self._proc.pid}.log"
         os.replace(pending_log, self._log_path)
-        if wait:
-            self.wait_ready()
 
     @property
     def log_dir(self) -> Path:
@@ -256,8 +267,34 @@ class BlenderChild(lifetime.ChildHandle):
         )
 
     def wait_ready(self) -> None:
-        """Wait for the started child's first reply: bpy imported, devices set up."""
-        result = self._call({"op": "ping"}, START_TIMEOUT_S, "starting", start=False)
+        """Wait for the started child's first reply: bpy imported, devices set up.
+
+        A child that dies or hangs while starting is replaced by a new one, after a pause that
+        doubles each time (START_BACKOFF_S...); after START_ATTEMPTS such children in a row the
+        last one's error is raised, saying so.
+        """
+        failures = 0
+        while True:
+            try:
+                result = self._call({"op": "ping"}, START_TIMEOUT_S, "starting", start=False)
+                break
+            except RenderError as exc:  # died, hung, or answered nonsense while starting
+                failures += 1
+                self.kill()
+                log.warning("event=child_start_failed worker=%s attempt=%d of=%d error=%s "
+                            "message=%r log=%s", self.name, failures, START_ATTEMPTS, exc.code,
+                            exc.message, self._log_path)  # fmt: skip
+                if failures >= START_ATTEMPTS:
+                    raise type(exc)(
+                        f"Blender could not start: {failures} children in a row failed while "
+                        f"starting, the last one: {exc.message}",
+                        start_attempts=failures,
+                        **exc.fields,
+                    ) from exc
+                # a pause between starts, not a synchronisation: a fault that passes (memory
+                # pressure, a full disk) gets time to, and a lasting one costs no busy loop
+                time.sleep(min(START_BACKOFF_S * 2 ** (failures - 1), START_BACKOFF_MAX_S))
+                self._spawn()
         self.start_s = time.monotonic() - self._started_at
         self.blender_version = result.get("blender")
         self.device_name = result.get("device")

@@ -11,7 +11,7 @@ from farm import jobstore, metrics, queue, sandbox
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import SlotAllocator
 from farm.alloc.devices import Device
-from farm.errors import DeviceUnavailable
+from farm.errors import DeviceUnavailable, RenderError
 from farm.gpu.factory import open_nvml
 from farm.settings import Settings
 from farm.storage.factory import farm_storage
@@ -32,7 +32,8 @@ def serve(
     """Take tiles from the device's queue until stopped; the Blender child lives as long.
 
     ``child`` may be one already started (without waiting), so that `import bpy` overlapped
-    the worker's own imports.
+    the worker's own imports. A child that dies while starting is replaced (BlenderChild's
+    bounded retries); when none starts, the worker says it is unhealthy and exits.
     """
     name = name or settings.worker_name()
     # members' .blend files run in the sandbox: a host that cannot make one says why, now
@@ -41,7 +42,15 @@ def serve(
         child = BlenderChild.for_settings(settings, name)
         child.start(wait=False)
     # Blender is ready before the worker takes work, so no tile pays for `import bpy`.
-    child.wait_ready()
+    try:
+        child.wait_ready()
+    except RenderError as exc:
+        child.kill()
+        log.error("event=worker_unhealthy worker=%s reason=%r log=%s", name, exc.message,
+                  child.log_path)  # fmt: skip
+        raise DeviceUnavailable(
+            f"worker {name} cannot render: {exc.message} (its log: {child.log_path})"
+        ) from exc
     if child.device_error:
         # A GPU worker without its GPU must not take tiles: it would fail every one of them.
         child.stop()

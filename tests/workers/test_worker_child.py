@@ -1,15 +1,77 @@
-"""A real worker's hold on its Blender child: kept when a lease is found lost after its render."""
+"""A real worker's hold on its Blender child: replaced when it dies while starting, kept when a
+lease is found lost after its render."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from farm.redisserver import RedisServer
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, submit, until, wait_for
+from workers.child import START_ATTEMPTS
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_scene(tmp_path_factory.mktemp("scene") / "scene.blend")
+
+
+def _python_failing_while(folder: Path) -> tuple[Path, Path]:
+    """A Blender python that exits at once (before bpy answers) while the returned flag file
+    exists, and is the farm's own python once it is gone. The sandbox binds its folder."""
+    folder.mkdir(mode=0o755)
+    (folder / "bin").mkdir(mode=0o755)
+    flag = folder / "fail"
+    flag.touch()
+    python = folder / "bin" / "python"
+    python.write_text(
+        f'#!/bin/sh\nif [ -e "{flag}" ]; then echo "failing on purpose" >&2; exit 7; fi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    python.chmod(0o755)
+    return python, flag
+
+
+def test_a_blender_child_that_dies_while_starting_is_replaced_and_the_worker_renders(
+    redis_url: str, scene: Path, tmp_path: Path
+) -> None:
+    python, flag = _python_failing_while(tmp_path / "python")
+    w = WorkerProcess(redis_url, tmp_path, FARM_BLENDER_PYTHON=str(python))
+    try:
+        until(lambda: w.log_text().count("event=child_start_failed") >= 2, 60,
+              "two children dying while starting")  # fmt: skip
+        assert w.proc.poll() is None, "the worker exited when its Blender child died starting"
+        flag.unlink()
+        until(lambda: "event=worker_ready" in w.log_text(), 60, "the worker ready")
+        store, job_id = submit(w.settings, scene, tmp_path, tiles="1x1")
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done")
+        assert store.status(job_id).tile_failures == 0
+        assert w.proc.poll() is None
+    finally:
+        w.stop()
+
+
+def test_a_worker_whose_blender_never_starts_says_it_is_unhealthy_after_bounded_attempts(
+    redis_url: str, tmp_path: Path
+) -> None:
+    python, _flag = _python_failing_while(tmp_path / "python")
+    w = WorkerProcess(redis_url, tmp_path, FARM_BLENDER_PYTHON=str(python))
+    try:
+        code = w.proc.wait(120)
+    finally:
+        w.stop()
+    text = w.log_text()
+    assert code != 0
+    assert text.count("event=child_start_failed") == START_ATTEMPTS
+    assert "event=worker_unhealthy" in text
+    assert f"Blender could not start: {START_ATTEMPTS} children in a row failed" in text
+    assert "exited with status 7 while starting" in text
 
 
 def _waiting_for_a_request(pid: int) -> bool:
