@@ -11,7 +11,10 @@ own cost. Then the cost of a child switch between projects: a worker's child ser
 project's file set, and a tile of another project's file starts a fresh sandboxed child; the
 first tile after a switch is timed against a tile of a child that already holds its file.
 
-Prints wall times, the ratios b/a and c/a, and the per-tile overhead of (b) in ms two ways:
+Prints wall times, the ratios b/a and c/a, the Blender children each farm command started (1:
+the worker's pre-started child served every task; 2: the first task switched it) and how long
+that first task (the inspection) took on the worker, and the per-tile overhead of (b) in ms two
+ways:
 all-in, (b - a) / tiles, which spreads the farm's fixed start-up (redis-server, worker, Blender
 child, inspection) over the tiles; and marginal, (b - b1) / (tiles - frames), where b1 is the
 same farm job with 1x1 tiles in the same run, which is what one more tile costs. Medians and
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -35,6 +39,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+#: rq's line for a task done, the first of which is the job's inspection
+FIRST_TASK = re.compile(r"Successfully completed job \S+ in (\d+):(\d+):([\d.]+)s")
 sys.path.insert(0, str(REPO))
 
 from farm import embedded, submission  # noqa: E402
@@ -125,7 +131,9 @@ def run_plain(scene: Path, frames: list[int], tmp: Path, samples: int) -> float:
 
 def run_farm(
     scene: Path, frames: list[int], tmp: Path, tiles: str, samples: int, sandbox: str = ""
-) -> float:
+) -> tuple[float, int, float]:
+    """Seconds of one `farm render`, the Blender children its worker started, and the seconds
+    its first task (the inspection) took on the worker, as rq logs it."""
     settings = Settings().with_(storage_dir=tmp / "storage", work_dir=tmp / "work")
     if sandbox:
         settings = settings.with_(sandbox=sandbox)
@@ -137,8 +145,13 @@ def run_farm(
         samples=samples or None,
     )
     t0 = time.perf_counter()
-    embedded.render(settings, scene, req, 1, io.StringIO())
-    return time.perf_counter() - t0
+    embedded.render(settings, scene, req, 1, io.StringIO(), keep_dir=tmp / "logs")
+    seconds = time.perf_counter() - t0
+    # the worker starts one child; each switch to the job's files starts another
+    text = "".join(p.read_text(errors="replace") for p in (tmp / "logs").glob("*.log"))
+    first = FIRST_TASK.search(text)
+    first_s = float(first[1]) * 3600 + float(first[2]) * 60 + float(first[3]) if first else 0.0
+    return seconds, 1 + text.count("event=child_switch"), first_s
 
 
 def run_process_per_tile(
@@ -222,6 +235,8 @@ def main() -> None:
     n_tiles = len(frames) * TileGrid.parse(args.tiles).count
     n_frames = len(frames)
     a, b, b0, b1, c, overhead_ms, marginal_ms = [], [], [], [], [], [], []
+    children: list[float] = []
+    first_task: list[float] = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
@@ -229,10 +244,13 @@ def main() -> None:
                 (tmp / sub).mkdir()
             n = args.samples
             a.append(run_plain(args.scene, frames, tmp / "a", n))
-            b.append(run_farm(args.scene, frames, tmp / "b", args.tiles, n))
+            seconds, started, first_s = run_farm(args.scene, frames, tmp / "b", args.tiles, n)
+            b.append(seconds)
+            children.append(started)
+            first_task.append(first_s)
             if args.unsandboxed:
-                b0.append(run_farm(args.scene, frames, tmp / "b0", args.tiles, n, "none"))
-            b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1", n))
+                b0.append(run_farm(args.scene, frames, tmp / "b0", args.tiles, n, "none")[0])
+            b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1", n)[0])
             c.append(run_process_per_tile(args.scene, frames, tmp / "c", args.tiles, size, n))
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
         marginal_ms.append((b[-1] - b1[-1]) / max(1, n_tiles - n_frames) * 1000)
@@ -254,7 +272,10 @@ def main() -> None:
     )
     print(
         f"(b) embedded farm      median {statistics.median(b):7.2f} s  "
-        f"[{min(b):.2f} .. {max(b):.2f}]  b/a {statistics.median(ratio_b):.3f}"
+        f"[{min(b):.2f} .. {max(b):.2f}]  b/a {statistics.median(ratio_b):.3f} "
+        f"[{min(ratio_b):.3f} .. {max(ratio_b):.3f}]; Blender children started per command: "
+        f"{', '.join(str(int(k)) for k in children)}; first task (inspection) "
+        f"{statistics.median(first_task):.3f} s [{min(first_task):.3f} .. {max(first_task):.3f}]"
     )
     print(
         f"(c) process per tile   median {statistics.median(c):7.2f} s  "
@@ -309,6 +330,8 @@ def main() -> None:
                 "runs": args.runs,
                 "plain_s": spread(a),
                 "farm_s": spread(b),
+                "farm_blender_children": spread(children),
+                "farm_first_task_s": spread(first_task),
                 "process_per_tile_s": spread(c),
                 "farm_over_plain_ratio": spread(ratio_b),
                 "process_per_tile_over_plain_ratio": spread(ratio_c),

@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-index", type=int, help="overrides FARM_GPU_INDEX")
     p.add_argument("--name", help="worker name (default host-device-pid)")
     p.add_argument("--burst", action="store_true", help="quit when the queue is empty")
+    p.add_argument(
+        "--local-files",
+        type=Path,
+        metavar="DIR",
+        help="the caller's own file set its Blender child starts with, so the first task on "
+        "it keeps the child (`farm render` passes the .blend's folder)",
+    )
+    p.add_argument("--project", default="", help="the project --local-files belongs to")
 
     p = sub.add_parser(
         "stream", help="serve stream sessions on one device (one per GPU, or the CPU device)"
@@ -340,6 +348,9 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
     name = args.name or settings.worker_name()
     # Blender starts first and imports bpy while this process imports the worker (rq, numpy).
     child = BlenderChild.for_settings(settings, name)
+    if args.local_files is not None:
+        # started seeing only these files: a task of another project or file set switches it
+        child.use(args.project or None, args.local_files.resolve(), local=True)
     child.start(wait=False)
     try:
         from workers.worker import serve

@@ -43,12 +43,19 @@ def threads_per_worker(workers: int) -> int:
 
 
 class LocalWorkers:
-    """`farm worker` processes on this host; restarted if one dies while the farm runs."""
+    """`farm worker` processes on this host; restarted if one dies while the farm runs.
 
-    def __init__(self, settings: Settings, count: int, log_dir: Path) -> None:
+    ``files``: the project and the folder of the caller's own files the job renders; each
+    worker starts its Blender child on them, so the first task (the inspection) keeps it.
+    """
+
+    def __init__(
+        self, settings: Settings, count: int, log_dir: Path, files: tuple[str, Path] | None = None
+    ) -> None:
         self.settings = settings
         self.count = count
         self.log_dir = log_dir
+        self.files = files
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.spawned_at: dict[str, float] = {}
         self.restarts = 0
@@ -60,9 +67,10 @@ class LocalWorkers:
     def _spawn(self, name: str) -> None:
         self.spawned_at[name] = time.monotonic()
         env = {**os.environ, **self.settings.to_env()}
-        self.procs[name] = lifetime.spawn_farm(
-            ["worker", "--name", name], env, self.log_dir / f"{name}.log"
-        )
+        args = ["worker", "--name", name]
+        if self.files is not None:
+            args += ["--project", self.files[0], "--local-files", str(self.files[1])]
+        self.procs[name] = lifetime.spawn_farm(args, env, self.log_dir / f"{name}.log")
 
     def check(self, note: Callable[[str], None]) -> None:
         """Restart any worker that died; its tile is requeued by the recovery sweep.
@@ -161,7 +169,7 @@ def render(
                 cpu_render_slots=settings.cpu_render_slots or workers,
             )
             (root / "logs").mkdir()
-            pool = LocalWorkers(local, workers, root / "logs")
+            pool = LocalWorkers(local, workers, root / "logs", (req.project, blend.parent))
             pool.start()
             done = False
             try:

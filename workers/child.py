@@ -271,7 +271,9 @@ class BlenderChild(lifetime.ChildHandle):
 
         A child that dies or hangs while starting is replaced by a new one, after a pause that
         doubles each time (START_BACKOFF_S...); after START_ATTEMPTS such children in a row the
-        last one's error is raised, saying so.
+        last one's error is raised, saying so. Where a sandbox cannot start at all, the first
+        failure raises farm.sandbox's SetupError naming why: the child's own start is the
+        sandbox's trial, so a worker whose child starts runs no other.
         """
         failures = 0
         while True:
@@ -284,6 +286,8 @@ class BlenderChild(lifetime.ChildHandle):
                 log.warning("event=child_start_failed worker=%s attempt=%d of=%d error=%s "
                             "message=%r log=%s", self.name, failures, START_ATTEMPTS, exc.code,
                             exc.message, self._log_path)  # fmt: skip
+                if failures == 1 and self.settings is not None and self.settings.sandbox != "none":
+                    sandbox.check(self.settings)  # SetupError where no sandbox starts at all
                 if failures >= START_ATTEMPTS:
                     raise type(exc)(
                         f"Blender could not start: {failures} children in a row failed while "
@@ -374,9 +378,12 @@ class BlenderChild(lifetime.ChildHandle):
         as the caller (farm.sandbox's ``as_caller``). Returns whether the child was switched.
         """
         root = Path(root)
-        if root == self.root and project == self.project:
+        # ``local`` too: a child started as the caller (``farm worker --local-files``) never
+        # serves an upload of the same folder, which runs as the sandbox's user
+        same_files = root == self.root and local == self.local
+        if same_files and project == self.project:
             return False
-        if root == self.root and self.project is None and project is not None:
+        if same_files and self.project is None and project is not None:
             self.project = project
             return False
         switched = self.alive

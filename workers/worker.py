@@ -36,8 +36,10 @@ def serve(
     bounded retries); when none starts, the worker says it is unhealthy and exits.
     """
     name = name or settings.worker_name()
-    # members' .blend files run in the sandbox: a host that cannot make one says why, now
-    sandbox.check(settings)
+    if settings.sandbox == "none":
+        sandbox.check(settings)  # logs that members' files run unisolated
+    # Otherwise the child's own start is the sandbox's trial: a host that cannot make one says
+    # why at the child's first failed start (BlenderChild.wait_ready); no second sandbox runs.
     if child is None:
         child = BlenderChild.for_settings(settings, name)
         child.start(wait=False)

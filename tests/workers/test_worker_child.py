@@ -1,8 +1,9 @@
-"""A real worker's hold on its Blender child: replaced when it dies while starting, kept when a
-lease is found lost after its render."""
+"""A real worker's hold on its Blender child: started on the embedded farm's own files and kept,
+replaced when it dies while starting, kept when a lease is found lost after its render."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from farm import embedded, submission
 from farm.redisserver import RedisServer
+from farm.settings import Settings
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, submit, until, wait_for
 from workers.child import START_ATTEMPTS
@@ -36,6 +39,21 @@ def _python_failing_while(folder: Path) -> tuple[Path, Path]:
     )
     python.chmod(0o755)
     return python, flag
+
+
+def test_farm_render_keeps_the_blender_child_it_started_on_the_files(
+    scene: Path, tmp_path: Path
+) -> None:
+    settings = Settings().with_(storage_dir=tmp_path / "storage", work_dir=tmp_path / "work")
+    req = submission.RenderRequest(output=tmp_path / "out", tiles="2x1", formats="exr")
+    embedded.render(settings, scene, req, 1, io.StringIO(), keep_dir=tmp_path / "logs")
+    text = (tmp_path / "logs" / "local-cpu-0.log").read_text()
+    assert "commit=frame_ready" in text
+    # one child for the inspection and both tiles: the one started with the worker
+    assert "event=child_switch" not in text
+    assert text.count("event=sandbox_started sandbox=blender-") == 1
+    # and no trial sandbox before it: the child's own start is the trial
+    assert "sandbox=check" not in text
 
 
 def test_a_blender_child_that_dies_while_starting_is_replaced_and_the_worker_renders(
