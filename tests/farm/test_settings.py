@@ -184,7 +184,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         turn_urls="turn:t:3478", turn_secret="x", turn_ttl_s=60.0,
         metrics_port=9101, metrics_host="0.0.0.0", usage_prices='{"t4": 1}',
         usage_currency="EUR", grid_carbon_g_per_kwh=250.0, device_watts='{"cpu": 90}',
-        usage_raw_retention_s=86400.0, job_retention_s=3600.0,
+        usage_raw_retention_s=86400.0, job_retention_s=3600.0, storage_retry_s=30.0,
         sandbox="none", sandbox_uid=1000, sandbox_gid=1001, sandbox_cgroup="/sys/fs/cgroup/t",
         stream_memory_mib=100, stream_pids=10, stream_cpu_cores=0.5, stream_secret="s" * 32,
         stream_token_ttl_s=60.0,
