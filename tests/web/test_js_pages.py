@@ -133,6 +133,8 @@ def test_the_player_runs_on_the_webs_origin_and_shows_what_the_web_answers(
     assert helper.text() == files("encoder").joinpath("static", "request.js").read_text()
     # no stream service runs: the player says so (the web's 503), it does not stay blank
     _sign_in(page, site, "/player")
-    page.wait_for_function("window.tessera && tessera.error !== null")
-    assert page.evaluate("tessera.error.code") == "no_capacity"
+    # a function, not an expression: Playwright polls an expression with eval(), which the
+    # web's CSP (script-src 'self') refuses whenever the first check does not already hold
+    page.wait_for_function("() => window.tessera && tessera.error !== null")
+    assert page.evaluate("() => tessera.error.code") == "no_capacity"
     expect(page.locator("#error")).to_contain_text("no stream service is running")
