@@ -65,18 +65,7 @@ def make_scene(
         "passes": passes,
         "compositor": compositor,
     }
-    proc = subprocess.run(
-        [sys.executable, str(_SCRIPT), json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
-    if proc.returncode != 0 or not Path(path).is_file():
-        raise RuntimeError(
-            f"building test scene {path} failed (exit {proc.returncode}):\n"
-            f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-        )
+    run_bpy([str(_SCRIPT)], spec, BUILD_TIMEOUT_S, f"building test scene {path}", Path(path))
     for canary in (autorun_canary, driver_canary):
         if canary is not None and Path(canary).exists():
             raise RuntimeError(f"the scene builder itself ran the canary script {canary}")
@@ -116,3 +105,22 @@ def render_reference(
             f"reference render of {blend} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
         )
     return Path(out_path)
+
+
+def run_bpy(
+    script: list[str], spec: dict[str, object], timeout_s: float, what: str, made: Path
+) -> None:
+    """Run a bpy script (``[path]`` or ``["-c", source]``) in a fresh Python with ``spec`` as
+    its JSON argument; RuntimeError naming ``what`` with the output's tail unless it exits 0
+    and ``made`` exists."""
+    proc = subprocess.run(
+        [sys.executable, *script, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if proc.returncode != 0 or not made.is_file():
+        raise RuntimeError(
+            f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )

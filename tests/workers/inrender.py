@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.blendscenes import run_bpy
 
 #: seconds one plain render (of the example scene at 128 samples, reduced) may take
 TIMEOUT_S = 600.0
@@ -45,16 +44,5 @@ def render_denoised(
     ``out_path`` (the file's resolution and samples where given 0); return ``out_path``."""
     args = {"blend": str(Path(blend).absolute()), "out_path": str(Path(out_path).absolute()),
             "width": width, "height": height, "samples": samples}  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    if proc.returncode != 0 or not Path(out_path).is_file():
-        raise RuntimeError(
-            f"denoised plain render of {blend} failed (exit {proc.returncode}):\n"
-            f"{proc.stderr[-4000:]}"
-        )
+    run_bpy(["-c", _SCRIPT], args, TIMEOUT_S, f"denoised plain render of {blend}", Path(out_path))
     return Path(out_path)
