@@ -199,6 +199,8 @@ def test_a_stream_preempts_a_render_and_the_tile_is_requeued_not_failed(
                                samples=SLOW_SAMPLES)  # fmt: skip
         wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
         alloc = SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=30)
+        # the tile is marked rendering before its worker asks for the device: wait for the lease
+        until(lambda: any(d.leases for d in alloc.devices()), 30, "the render's lease")
         stream = alloc.acquire(
             "stream-1", Request("stream", vram_mib=1000, encoder_sessions=1, preempt=True)
         )
