@@ -24,7 +24,7 @@ from aiohttp import web
 from encoder.observe import StreamMetrics
 from encoder.routes import ROUTES, SERVICE, SETTINGS, STREAM_METRICS, authenticate, errors
 from encoder.service import FROM_SETTINGS, StreamService
-from farm import streamauth
+from farm import browserrules, streamauth
 from farm.gpu.types import Nvml
 from farm.settings import Settings
 
@@ -44,6 +44,7 @@ def create_app(
     app[SETTINGS] = settings
     app[STREAM_METRICS] = StreamMetrics()
     app.add_routes(ROUTES)
+    app.on_response_prepare.append(_browser_rules)
 
     async def service(app: web.Application) -> AsyncIterator[None]:
         async with StreamService(settings, nvml=nvml, name=name, hostname=hostname) as svc:
@@ -53,6 +54,11 @@ def create_app(
     app.cleanup_ctx.append(service)
     app.on_shutdown.append(_end_sessions)
     return app
+
+
+async def _browser_rules(request: web.Request, response: web.StreamResponse) -> None:
+    # the player page is served here too: the same CSP and headers as the web's pages
+    browserrules.apply(response.headers, request.path, request.secure)
 
 
 async def _end_sessions(app: web.Application) -> None:

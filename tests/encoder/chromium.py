@@ -14,3 +14,9 @@ CHROMIUM_ARGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]
 TIMEOUT_MS = 20_000
+
+
+def until(expression: str) -> str:
+    """``expression`` as a predicate for ``page.wait_for_function``: a function, which the
+    player's CSP (script-src 'self') allows; a bare expression is polled through eval()."""
+    return f"() => ({expression})"

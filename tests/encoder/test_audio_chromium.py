@@ -30,7 +30,7 @@ from encoder.app import running
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS, until
 from tests.encoder.test_player_chromium import end_session
 
 OPERATOR = tokens.operator()
@@ -139,13 +139,13 @@ def test_the_player_hears_each_beep_close_to_its_flash(service: StreamService, p
         f"&token={OPERATOR}"
     )
     page.wait_for_function(
-        "window.tessera && tessera.audioStream && tessera.stats.frames_decoded > 0",
+        until("window.tessera && tessera.audioStream && tessera.stats.frames_decoded > 0"),
         timeout=TIMEOUT_MS,
     )
     assert page.evaluate("tessera.muted") is False  # the page plays the sound
     page.evaluate(LISTEN_JS)
     page.wait_for_function(
-        f"beeps.length >= {PAIRS + 1} && flashes.length >= {PAIRS + 1}", timeout=TIMEOUT_MS
+        until(f"beeps.length >= {PAIRS + 1} && flashes.length >= {PAIRS + 1}"), timeout=TIMEOUT_MS
     )
     beeps, flashes = page.evaluate("[beeps, flashes]")
     # the first pair may be cut by when listening started

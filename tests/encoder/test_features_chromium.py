@@ -24,7 +24,7 @@ from encoder.gamepad import UINPUT, PadState
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS, until
 from tests.encoder.test_player_chromium import end_session
 
 OPERATOR = tokens.operator()
@@ -117,7 +117,7 @@ def _play_probe(service: StreamService, page: Page, size: str = "320x240") -> st
         f"&token={OPERATOR}"
     )
     page.wait_for_function(
-        "window.tessera && tessera.controlling && tessera.stats.frames_decoded > 0",
+        until("window.tessera && tessera.controlling && tessera.stats.frames_decoded > 0"),
         timeout=TIMEOUT_MS,
     )
     return str(page.evaluate("tessera.sessionId"))
@@ -129,9 +129,11 @@ def test_clipboard_goes_both_ways_for_the_controlling_viewer(
     sid = _play_probe(service, page)
     # the user pastes into the page: the app reads it, and what the app copies comes back
     page.evaluate(PASTE_JS, "hello, clipboard ✓")
-    page.wait_for_function("tessera.clipboard === 'echo:hello, clipboard ✓'", timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        until("tessera.clipboard === 'echo:hello, clipboard ✓'"), timeout=TIMEOUT_MS
+    )
     page.evaluate("tessera.paste('second')")
-    page.wait_for_function("tessera.clipboard === 'echo:second'", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.clipboard === 'echo:second'"), timeout=TIMEOUT_MS)
 
     spectator = browser.new_page(viewport={"width": 640, "height": 480})
     try:
@@ -139,7 +141,9 @@ def test_clipboard_goes_both_ways_for_the_controlling_viewer(
             f"{service.url}/player?session={sid}&role=spectator&token={tokens.viewer(sid)}"
         )
         spectator.wait_for_function(
-            "window.tessera && tessera.role === 'spectator' && tessera.stats.frames_decoded > 0",
+            until(
+                "window.tessera && tessera.role === 'spectator' && tessera.stats.frames_decoded > 0"
+            ),
             timeout=TIMEOUT_MS,
         )
         page.evaluate(RECORD_CLIPS_JS)
@@ -149,7 +153,7 @@ def test_clipboard_goes_both_ways_for_the_controlling_viewer(
         spectator.evaluate("tessera.send({t: 'clip', text: 'sneaked'})")
         _wait(lambda: service.sessions[sid].control.denied > denied)
         page.evaluate("tessera.paste('third')")
-        page.wait_for_function("tessera.clipboard === 'echo:third'", timeout=TIMEOUT_MS)
+        page.wait_for_function(until("tessera.clipboard === 'echo:third'"), timeout=TIMEOUT_MS)
         assert spectator.evaluate("tessera.clipboard") is None
         assert page.evaluate("window.clips") == ["echo:third"]
     finally:
@@ -173,23 +177,27 @@ def test_the_display_takes_the_players_size_within_the_limit(
     assert page.evaluate("[tessera.frameWidth, tessera.frameHeight]") == [320, 240]
     # the window changes: the app's screen and the decoded video take the picture area's size
     page.set_viewport_size({"width": 700, "height": 500})
-    page.wait_for_function("tessera.askedSize !== null", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.askedSize !== null"), timeout=TIMEOUT_MS)
     width, height = page.evaluate("tessera.askedSize")
     assert (width, height) != (320, 240) and width <= MAX_SIZE[0] and height <= MAX_SIZE[1]
     page.wait_for_function(
-        f"tessera.clipboard === 'size:{width}x{height}' && video.videoWidth === {width}"
-        f" && video.videoHeight === {height}",
+        until(
+            f"tessera.clipboard === 'size:{width}x{height}' && video.videoWidth === {width}"
+            f" && video.videoHeight === {height}"
+        ),
         timeout=TIMEOUT_MS,
     )
     # larger than the limit: the display stops at it
     page.set_viewport_size({"width": 1600, "height": 1000})
     page.wait_for_function(
-        f"tessera.askedSize[0] > {MAX_SIZE[0]} && tessera.askedSize[1] > {MAX_SIZE[1]}",
+        until(f"tessera.askedSize[0] > {MAX_SIZE[0]} && tessera.askedSize[1] > {MAX_SIZE[1]}"),
         timeout=TIMEOUT_MS,
     )
     page.wait_for_function(
-        f"tessera.clipboard === 'size:{MAX_SIZE[0]}x{MAX_SIZE[1]}'"
-        f" && video.videoWidth === {MAX_SIZE[0]} && video.videoHeight === {MAX_SIZE[1]}",
+        until(
+            f"tessera.clipboard === 'size:{MAX_SIZE[0]}x{MAX_SIZE[1]}'"
+            f" && video.videoWidth === {MAX_SIZE[0]} && video.videoHeight === {MAX_SIZE[1]}"
+        ),
         timeout=TIMEOUT_MS,
     )
     end_session(page, service)
@@ -206,7 +214,9 @@ def test_a_recording_is_announced_and_stored_playable_with_every_frame(
             f"{service.url}/player?session={sid}&role=spectator&token={tokens.viewer(sid)}"
         )
         spectator.wait_for_function(
-            "window.tessera && tessera.role === 'spectator' && tessera.stats.frames_decoded > 0",
+            until(
+                "window.tessera && tessera.role === 'spectator' && tessera.stats.frames_decoded > 0"
+            ),
             timeout=TIMEOUT_MS,
         )
         assert spectator.is_hidden("#record") and page.is_visible("#record")
@@ -214,13 +224,13 @@ def test_a_recording_is_announced_and_stored_playable_with_every_frame(
         assert session.recording is None and not page.evaluate("tessera.recording")
         page.click("#record")
         for viewer in (page, spectator):
-            viewer.wait_for_function("tessera.recording", timeout=TIMEOUT_MS)
+            viewer.wait_for_function(until("tessera.recording"), timeout=TIMEOUT_MS)
             assert viewer.is_visible("#rec")
         assert spectator.evaluate("tessera.record(false)") is False
         _wait(lambda: session.recording is not None and session.recording.frames >= 20)
         page.click("#record")
         for viewer in (page, spectator):
-            viewer.wait_for_function("!tessera.recording", timeout=TIMEOUT_MS)
+            viewer.wait_for_function(until("!tessera.recording"), timeout=TIMEOUT_MS)
             assert viewer.is_hidden("#rec")
         _wait(lambda: len(session.recorded) == 1)
         # a second recording runs until the session ends, and is stored then
@@ -247,9 +257,9 @@ def test_the_controlling_viewers_gamepad_reaches_the_session(
     sid = _play_probe(service, page)
     control = service.sessions[sid].control
     page.evaluate("window.plugPad()")
-    page.wait_for_function("tessera.gamepadsSent >= 1", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.gamepadsSent >= 1"), timeout=TIMEOUT_MS)
     page.evaluate("window.movePad(0, -0.5)")  # A pressed, left stick half left
-    page.wait_for_function("tessera.gamepadsSent >= 2", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.gamepadsSent >= 2"), timeout=TIMEOUT_MS)
     _wait(lambda: 0 in control.pads and control.pads[0].buttons[:1] == (1.0,))
     want = PadState((1.0,) + (0.0,) * 16, (-0.5, 0.0, 0.0, 0.0))
     assert control.pads[0] == want
@@ -264,12 +274,12 @@ def test_files_go_into_and_out_of_the_sessions_home_for_its_controller_only(
     sid = _play_probe(service, page)
     home = service.sessions[sid].source.home
     assert home is not None
-    page.wait_for_function("tessera.files !== null", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.files !== null"), timeout=TIMEOUT_MS)
     # into the home: the page's file picker, and the app finds it in its own home folder
     upload: FilePayload = {"name": "notes ü.txt", "mimeType": "text/plain", "buffer": b"hi app"}
     page.set_input_files("#upload", files=[upload])
     page.wait_for_function(
-        "tessera.files.some((f) => f.name === 'notes ü.txt' && f.size === 6)",
+        until("tessera.files.some((f) => f.name === 'notes ü.txt' && f.size === 6)"),
         timeout=TIMEOUT_MS,
     )
     assert (home / "notes ü.txt").read_bytes() == b"hi app"
@@ -279,7 +289,7 @@ def test_files_go_into_and_out_of_the_sessions_home_for_its_controller_only(
     for command in ("file:from-app.txt=made in the sandbox", "link:leak=/etc/hostname"):
         page.evaluate("(text) => tessera.paste(text)", command)
         page.wait_for_function(
-            "(text) => tessera.clipboard === 'echo:' + text", arg=command, timeout=TIMEOUT_MS
+            until("(text) => tessera.clipboard === 'echo:' + text"), arg=command, timeout=TIMEOUT_MS
         )
     names = [f["name"] for f in page.evaluate("tessera.listFiles()")]
     assert names == ["from-app.txt", "notes ü.txt"]

@@ -16,7 +16,7 @@ from encoder.app import running
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, until
 
 OPERATOR = tokens.operator()
 
@@ -85,13 +85,15 @@ def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture
         f"{service.url}/player?app=testpattern&width=1280&height=720&fps=30&autostart=1"
         f"&token={OPERATOR}"
     )
-    page.wait_for_function("window.tessera && tessera.stats.frames_decoded > 0", timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        until("window.tessera && tessera.stats.frames_decoded > 0"), timeout=TIMEOUT_MS
+    )
     assert page.locator("#latency").is_hidden()
 
     page.click("#latency-toggle")
     assert page.get_attribute("#latency-toggle", "aria-pressed") == "true"
     # every part in: the service's (from a pong), the network's, the browser's (60 frames)
-    page.wait_for_function("tessera.stats.latency_ms !== null", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.stats.latency_ms !== null"), timeout=TIMEOUT_MS)
     page.evaluate(MEASURE_JS, 60)
     shown = page.text_content("#latency") or ""
     assert re.fullmatch(
@@ -101,7 +103,7 @@ def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture
     # against the picture: the same seconds, capture time read off the decoded frames
     overlay, measured = [], []
     for _ in range(3):
-        page.wait_for_function("tessera.stats.service_ms !== null", timeout=TIMEOUT_MS)
+        page.wait_for_function(until("tessera.stats.service_ms !== null"), timeout=TIMEOUT_MS)
         measured.append(statistics.median(page.evaluate(MEASURE_JS, 30)))
         overlay.append(float(page.evaluate("tessera.stats.latency_ms")))
     est, real = statistics.median(overlay), statistics.median(measured)

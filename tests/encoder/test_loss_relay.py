@@ -18,7 +18,7 @@ from playwright.sync_api import Page, Route, sync_playwright
 
 from encoder.service import StreamService
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, until
 from tests.encoder.udprelay import Path, UdpRelay, rewrite_candidates, service_candidate
 
 pytestmark = [
@@ -132,7 +132,9 @@ def test_loss_never_freezes_the_player_and_its_picture_is_current_after(
         f"{stream_service.url}/player?app=testpattern&width=640&height=360&fps=30&autostart=1"
         f"&token={tokens.operator()}"
     )
-    page.wait_for_function("window.tessera && tessera.stats.frames_decoded > 0", timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        until("window.tessera && tessera.stats.frames_decoded > 0"), timeout=TIMEOUT_MS
+    )
     assert relays.relays, "the player's answer did not go through the relay"
     page.evaluate(COLLECT_JS)
     # measuring windows (clean, lossy, clean again), not synchronisation

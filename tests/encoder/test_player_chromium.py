@@ -15,7 +15,7 @@ from encoder.app import running
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS, until
 
 OPERATOR = tokens.operator()
 
@@ -108,7 +108,7 @@ def test_player_starts_a_720p_session_and_plays_it(
         f"{service.url}/player?app=testpattern&width=1280&height=720&fps=30&autostart=1&token={OPERATOR}"
     )
     page.wait_for_function(
-        "window.tessera && tessera.stats.frames_decoded > 0 && tessera.frameWidth > 0",
+        until("window.tessera && tessera.stats.frames_decoded > 0 && tessera.frameWidth > 0"),
         timeout=TIMEOUT_MS,
     )
     state = page.evaluate(
@@ -124,12 +124,14 @@ def test_player_starts_a_720p_session_and_plays_it(
 
     # the picture is live: the test pattern's frame counter moves on
     first = page.evaluate(READ_STAMP_JS)
-    page.wait_for_function(f"({READ_STAMP_JS})() > {first}", timeout=TIMEOUT_MS)
+    page.wait_for_function(until(f"({READ_STAMP_JS})() > {first}"), timeout=TIMEOUT_MS)
 
     # the stats panel fills in: frame rate, bitrate, decode time, data-channel round trip
     page.wait_for_function(
-        "tessera.stats.fps > 0 && tessera.stats.bitrate_kbps > 0 &&"
-        " tessera.stats.decode_ms !== null && tessera.stats.ping_ms !== null",
+        until(
+            "tessera.stats.fps > 0 && tessera.stats.bitrate_kbps > 0 &&"
+            " tessera.stats.decode_ms !== null && tessera.stats.ping_ms !== null"
+        ),
         timeout=TIMEOUT_MS,
     )
     assert page.text_content("#s-res") == "1280\u00d7720"
@@ -145,7 +147,7 @@ def end_session(page: Page, service: StreamService) -> None:
     """The "End session" button: the session is gone from the service, its programs stopped."""
     sid = page.evaluate("tessera.sessionId")
     page.click("#end")
-    page.wait_for_function("tessera.state === 'closed'", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.state === 'closed'"), timeout=TIMEOUT_MS)
     ended = page.request.get(
         f"{service.url}/api/streams/sessions/{sid}", headers=tokens.operator_headers()
     ).json()
@@ -159,10 +161,10 @@ def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
         f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
     )
     page.wait_for_function(
-        "window.tessera && tessera.stats.frames_decoded > 0 && video.videoWidth === 640",
+        until("window.tessera && tessera.stats.frames_decoded > 0 && video.videoWidth === 640"),
         timeout=TIMEOUT_MS,
     )
-    page.wait_for_function(f"({FIND_SPRITE_JS})() !== null", timeout=TIMEOUT_MS)
+    page.wait_for_function(until(f"({FIND_SPRITE_JS})() !== null"), timeout=TIMEOUT_MS)
     box = page.locator("#video").bounding_box()
     assert box is not None
     # the video's pixel (480, 120), through the page's letterboxing (object-fit: contain)
@@ -171,14 +173,16 @@ def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
     top = box["y"] + (box["height"] - 480 * scale) / 2
     page.mouse.click(left + 480.5 * scale, top + 120.5 * scale)
     page.wait_for_function(
-        f"(() => {{ const p = ({FIND_SPRITE_JS})();"
-        " return p && Math.abs(p[0] - 480) < 6 && Math.abs(p[1] - 120) < 6; })()",
+        until(
+            f"(() => {{ const p = ({FIND_SPRITE_JS})();"
+            " return p && Math.abs(p[0] - 480) < 6 && Math.abs(p[1] - 120) < 6; })()"
+        ),
         timeout=TIMEOUT_MS,
     )
     # and the arrow keys move it: one step to the left
     page.keyboard.press("ArrowLeft")
     page.wait_for_function(
-        f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] < 470; }})()",
+        until(f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] < 470; }})()"),
         timeout=TIMEOUT_MS,
     )
     end_session(page, service)
@@ -186,7 +190,7 @@ def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
 
 def test_a_refused_session_shows_why(full_service: StreamService, page: Page) -> None:
     page.goto(f"{full_service.url}/player?app=testpattern&autostart=1&token={OPERATOR}")
-    page.wait_for_function("tessera.error !== null", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.error !== null"), timeout=TIMEOUT_MS)
     error = page.evaluate("tessera.error")
     assert error["code"] == "never_fits"
     assert page.is_visible("#error")
@@ -214,7 +218,7 @@ def test_a_spectator_sends_nothing_until_it_takes_control(
     page.goto(
         f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
     )
-    page.wait_for_function("tessera.controlling && tessera.sessionId", timeout=TIMEOUT_MS)
+    page.wait_for_function(until("tessera.controlling && tessera.sessionId"), timeout=TIMEOUT_MS)
     sid = page.evaluate("tessera.sessionId")
     spectator = browser.new_page(viewport={"width": 1000, "height": 700})
     try:
@@ -224,7 +228,7 @@ def test_a_spectator_sends_nothing_until_it_takes_control(
             f"{service.url}/player?session={sid}&role=spectator&token={tokens.viewer(sid)}"
         )
         spectator.wait_for_function(
-            f"tessera.stats.frames_decoded > 0 && ({FIND_SPRITE_JS})() !== null",
+            until(f"tessera.stats.frames_decoded > 0 && ({FIND_SPRITE_JS})() !== null"),
             timeout=TIMEOUT_MS,
         )
         assert spectator.evaluate("[tessera.role, tessera.controlling]") == ["spectator", False]
@@ -235,12 +239,15 @@ def test_a_spectator_sends_nothing_until_it_takes_control(
         assert spectator.evaluate("window.inputSent") == 0
 
         spectator.click("#control")
-        spectator.wait_for_function("tessera.controlling", timeout=TIMEOUT_MS)
+        spectator.wait_for_function(until("tessera.controlling"), timeout=TIMEOUT_MS)
         assert spectator.is_hidden("#control")
         spectator.locator("#video").focus()
         spectator.keyboard.press("ArrowRight")
         spectator.wait_for_function(
-            f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] > {start[0] + 12}; }})()",
+            until(
+                f"(() => {{ const p = ({FIND_SPRITE_JS})(); "
+                f"return p && p[0] > {start[0] + 12}; }})()"
+            ),
             timeout=TIMEOUT_MS,
         )
     finally:

@@ -20,7 +20,7 @@ from playwright.sync_api import Browser, Page
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS, until
 from tests.encoder.test_player_chromium import end_session
 
 pytestmark = [
@@ -110,8 +110,10 @@ def _displays(service: StreamService, sid: str, page: Page, size: list[int]) -> 
     width, height = size
     _wait(lambda: service.sessions[sid].control.screen == (width, height))
     page.wait_for_function(
-        f"tessera.clipboard === 'size:{width}x{height}' && video.videoWidth === {width}"
-        f" && video.videoHeight === {height}",
+        until(
+            f"tessera.clipboard === 'size:{width}x{height}' && video.videoWidth === {width}"
+            f" && video.videoHeight === {height}"
+        ),
         timeout=TIMEOUT_MS,
     )
     state = page.request.get(
@@ -129,7 +131,7 @@ def test_the_display_follows_the_picture_area_once_per_settled_change(
         f"&token={tokens.operator()}"
     )
     page.wait_for_function(
-        "window.tessera && tessera.controlling && tessera.stats.frames_decoded > 0",
+        until("window.tessera && tessera.controlling && tessera.stats.frames_decoded > 0"),
         timeout=TIMEOUT_MS,
     )
     sid = str(page.evaluate("tessera.sessionId"))
@@ -142,7 +144,7 @@ def test_the_display_follows_the_picture_area_once_per_settled_change(
         # the window changes: one resize, to the picture area's size
         page.evaluate(WATCH_STAGE_JS)
         page.set_viewport_size({"width": 900, "height": 700})
-        page.wait_for_function("tessera.resizesSent >= 1", timeout=TIMEOUT_MS)
+        page.wait_for_function(until("tessera.resizesSent >= 1"), timeout=TIMEOUT_MS)
         area = page.evaluate(AREA_JS)
         assert page.evaluate("tessera.askedSize") == area
         _displays(service, sid, page, area)
@@ -155,7 +157,7 @@ def test_the_display_follows_the_picture_area_once_per_settled_change(
         final = page.evaluate(AREA_JS)
         assert final[0] < area[0]
         page.wait_for_function(
-            f"tessera.askedSize[0] === {final[0]} && tessera.askedSize[1] === {final[1]}",
+            until(f"tessera.askedSize[0] === {final[0]} && tessera.askedSize[1] === {final[1]}"),
             timeout=TIMEOUT_MS,
         )
         _displays(service, sid, page, final)

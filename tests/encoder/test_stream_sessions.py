@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from encoder.app import running
-from farm import keys
+from farm import browserrules, keys
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
@@ -342,3 +342,21 @@ def test_a_gpu_without_nvenc_refuses_streams_for_good(stream_settings: Settings)
 
     with running(settings) as service:
         asyncio.run(body(service.url))
+
+
+def test_the_player_and_the_api_carry_the_farm_s_browser_rules(stream_service: object) -> None:
+    # the player is a page of the stream service too: no inline script, never framed, and API
+    # answers (tokens) never kept by a shared cache
+    url = stream_service.url  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
+            for path in ("/player", "/player.js", "/api/streams/sessions", "/no-such-page"):
+                async with http.get(f"{url}{path}") as resp:
+                    assert resp.headers.get("Content-Security-Policy") == browserrules.CSP, path
+                    assert resp.headers["X-Frame-Options"] == "DENY"
+                    assert resp.headers["Server"] == "tessera", path
+            async with http.get(f"{url}/api/streams/sessions") as resp:
+                assert resp.headers["Cache-Control"] == "no-store"
+
+    asyncio.run(main())

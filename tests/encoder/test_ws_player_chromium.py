@@ -16,7 +16,7 @@ from encoder.app import running
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, until
 from tests.encoder.test_player_chromium import FIND_SPRITE_JS, OPERATOR, end_session
 
 
@@ -83,23 +83,30 @@ def page(browser: Browser) -> Iterator[Page]:
 
 def plays_the_game_and_takes_input(page: Page, width: int, height: int) -> None:
     page.wait_for_function(
-        f"tessera.state === 'playing' && tessera.stats.frames_decoded > 0 &&"
-        f" tessera.frameWidth === {width} && video.videoWidth === {width}",
+        until(
+            f"tessera.state === 'playing' && tessera.stats.frames_decoded > 0 &&"
+            f" tessera.frameWidth === {width} && video.videoWidth === {width}"
+        ),
         timeout=TIMEOUT_MS,
     )
     assert page.evaluate("[tessera.frameWidth, tessera.frameHeight]") == [width, height]
     assert page.evaluate("[video.videoWidth, video.videoHeight]") == [width, height]
-    page.wait_for_function(f"({FIND_SPRITE_JS})() !== null", timeout=TIMEOUT_MS)
+    page.wait_for_function(until(f"({FIND_SPRITE_JS})() !== null"), timeout=TIMEOUT_MS)
     start = page.evaluate(FIND_SPRITE_JS)
     page.locator("#video").focus()
     page.keyboard.press("ArrowRight")
     page.wait_for_function(
-        f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] > {start[0] + 12}; }})()",
+        until(
+            f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] > {start[0] + 12}; }})()"
+        ),
         timeout=TIMEOUT_MS,
     )
     # latency is reported as over WebRTC: the input channel's round trip, fps, bitrate
     page.wait_for_function(
-        "tessera.stats.ping_ms !== null && tessera.stats.fps > 0 && tessera.stats.bitrate_kbps > 0",
+        until(
+            "tessera.stats.ping_ms !== null && tessera.stats.fps > 0"
+            " && tessera.stats.bitrate_kbps > 0"
+        ),
         timeout=TIMEOUT_MS,
     )
     assert re.fullmatch(r"\d+(\.\d+)? ms", page.text_content("#s-ping") or "")
