@@ -86,7 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("watch", help="show a job's progress until it ends")
     p.add_argument("job")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print each event of the job as one JSON object per line, as it happens",
+    )
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("job")
@@ -304,8 +308,16 @@ def cmd_watch(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | 
     from farm import jobstore
 
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
-    _watch(store, args.job)
-    return store.status(args.job).to_dict() if args.json else None
+    if not args.json:
+        _watch(store, args.job)
+        return None
+    from farm import jobevents
+
+    # JSON lines: every event from the job's start; the last is the job's end (job_state)
+    for event in jobevents.follow(store, args.job):
+        print(json.dumps(event.to_dict()), flush=True)
+    jobevents.outcome(store, args.job)
+    return None
 
 
 def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:

@@ -215,7 +215,12 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         job_id = json.loads(proc.stdout)["id"]
         watched = farm("watch", job_id, "--json", cwd=tmp_path, env=env)
         assert watched.returncode == 0, watched.stderr
-        assert json.loads(watched.stdout)["state"] == "done"
+        # one event per line, from the job's start to its end
+        events = [json.loads(line) for line in watched.stdout.splitlines()]
+        assert (events[0]["type"], events[0]["state"]) == ("job_state", "queued")
+        assert (events[-1]["type"], events[-1]["state"]) == ("job_state", "done")
+        assert [e["frame"] for e in events if e["type"] == "frame_done"] == [1]
+        assert sum(e["type"] == "tile_state" and e["state"] == "done" for e in events) == 2
         status = json.loads(farm("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
         assert (status["tiles_done"], status["frames_done"]) == (2, 1)
         assert (tmp_path / "out" / "frame_0001.png").is_file()
@@ -234,6 +239,29 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         worker.terminate()
         assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
         log.close()
+
+
+def test_watch_json_streams_a_canceled_jobs_events_and_exits_as_canceled(
+    redis_url: str, tmp_path: Path
+) -> None:
+    from farm import jobstore
+    from farm.states import JobState
+    from tests.web.conftest import make_job, make_web_settings
+
+    job_id = make_job(make_web_settings(redis_url, tmp_path), "A", tmp_path / "out")
+    store = jobstore.JobStore(jobstore.connect(redis_url))
+    store.end_job(job_id, JobState.CANCELED, "canceled by request")
+    store.conn.close()
+    watched = farm("watch", job_id, "--json", cwd=tmp_path, env={"FARM_REDIS_URL": redis_url})
+    assert watched.returncode == 130, watched.stderr
+    *events, error = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [(e["type"], e["state"]) for e in events] == [
+        ("job_state", "queued"),
+        ("job_state", "canceled"),
+    ]
+    assert events[-1]["message"] == "canceled by request"
+    # then the error object every --json command ends a failure with
+    assert error["error"] == "job_canceled"
 
 
 def test_a_job_submitted_with_farm_submit_shows_in_its_projects_web_list(
