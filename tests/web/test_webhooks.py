@@ -25,6 +25,7 @@ from farm.states import JobState
 from farm.webhooks import addresses, hooks, signing
 from farm.webhooks.dispatcher import CONSUMER, GROUP, Dispatcher, backoff_s
 from tests.blendscenes import make_scene
+from tests.conftest import REPO
 from tests.farmprocs import WorkerProcess, submit
 from tests.web.conftest import Tokens, api, bearer, make_job, wait_for_worker
 
@@ -125,6 +126,23 @@ def test_a_signature_holds_only_for_its_secret_body_and_a_fresh_timestamp() -> N
     assert not signing.verify(secret, str(now), sig, body + b" ", now)  # another body
     assert not signing.verify(secret, str(now + 1), sig, body, now)  # another timestamp
     assert not signing.verify(secret, str(now), sig, body, now + 301)  # replayed later
+
+
+def test_the_readmes_verification_snippet_accepts_the_farms_signature() -> None:
+    """Receivers copy the README's Python: it must accept what the farm signs, nothing else."""
+    text = (REPO / "README.md").read_text()
+    snippet = text.split("```python\nimport hashlib, hmac, time\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, Any] = {}
+    exec("import hashlib, hmac, time\n" + snippet, scope)
+    secret, body, now = signing.new_secret(), b'{"event":"job.failed"}', int(time.time())
+    headers = {"X-Tessera-Timestamp": str(now),
+               "X-Tessera-Signature": signing.sign(secret, now, body)}  # fmt: skip
+    assert scope["verified"](secret, headers, body)
+    assert not scope["verified"](signing.new_secret(), headers, body)
+    assert not scope["verified"](secret, headers, body + b"x")
+    old = {"X-Tessera-Timestamp": str(now - 600),
+           "X-Tessera-Signature": signing.sign(secret, now - 600, body)}  # fmt: skip
+    assert not scope["verified"](secret, old, body)
 
 
 def test_back_off_doubles_with_jitter_up_to_its_cap() -> None:
