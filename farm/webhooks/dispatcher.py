@@ -204,7 +204,15 @@ class Dispatcher:
                     raise
                 entries = [e for _stream, batch in reply or [] for e in batch]
                 for entry_id, fields in entries:
-                    self._take(entry_id, fields or {})
+                    try:
+                        self._take(entry_id, fields or {})
+                    except QueueError:
+                        raise
+                    except Exception:
+                        # an entry this code cannot read must not hold up the ones after it
+                        log.exception("event=webhook_entry_dropped entry=%s fields=%r",
+                                      entry_id, fields)  # fmt: skip
+                        guard(self._intake, keys=[], args=[entry_id, self.clock()])
                 handled += len(entries)
                 if len(entries) < INTAKE_BATCH:
                     break

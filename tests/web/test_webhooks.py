@@ -254,6 +254,8 @@ async def test_two_web_processes_send_each_event_once_and_none_without_a_hook(
     # a job of a project without hooks writes nothing to the outbox
     run_job(store, make_job(settings, "B", tmp_path / "b"))
     assert store.conn.xlen(keys.WEBHOOK_OUTBOX) == 0
+    # an entry the dispatcher cannot read (no timestamp) is dropped, not retried forever
+    store.conn.xadd(keys.WEBHOOK_OUTBOX, {"event": "job.done", "project": "A", "job_id": "x"})
     job_id = make_job(settings, "A", tmp_path / "a")
     run_job(store, job_id)
     # two dispatchers at once (two web replicas): one holds the lease and sends
