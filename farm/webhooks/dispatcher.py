@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from farm import keys
+from farm import keys, metrics
 from farm.errors import FarmError, NotFound, QueueError
 from farm.models import JobSpec
 from farm.redisclient import Redis, guard
@@ -317,12 +317,14 @@ class Dispatcher:
         if hook is None:
             await asyncio.to_thread(self.record, delivery, "dropped", "the webhook was deleted",
                                     delivery.attempts)  # fmt: skip
+            metrics.WEBHOOK_ATTEMPTS.labels("dropped").inc()
             return "dropped"
         attempts = delivery.attempts + 1
         outcome, result = await self._post(http, hook, delivery)
         if outcome == "retry" and attempts >= self.settings.webhook_max_attempts:
             outcome = "failed"
         next_s = await asyncio.to_thread(self.record, delivery, outcome, result, attempts)
+        metrics.WEBHOOK_ATTEMPTS.labels(outcome).inc()
         wait = f" retry_in_s={next_s - self.clock():.1f}" if outcome == "retry" else ""
         log.info("event=webhook_%s hook=%s delivery=%s kind=%s attempt=%d result=%r%s",
                  "attempt_failed" if outcome == "retry" else outcome, hook.id, delivery.id,

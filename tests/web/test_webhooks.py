@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from farm import jobstore, keys
+from farm import jobstore, keys, metrics
 from farm.accounts import Accounts
 from farm.errors import BadParameter
 from farm.models import TileTask
@@ -333,6 +333,14 @@ async def test_a_receiver_that_fails_or_is_private_ends_failed_in_the_deliveries
     receiver.failing = 1000
     listing = hooks.Hooks(store.conn)
 
+    def attempts(outcome: str) -> float:
+        value = metrics.REGISTRY.get_sample_value(
+            "tessera_webhook_attempts_total", {"outcome": outcome}
+        )
+        return value or 0.0
+
+    before = {o: attempts(o) for o in ("retry", "failed")}
+
     async def dispatch(settings: Settings, project: str, hook_id: str) -> dict[str, Any]:
         stop = asyncio.Event()
         run = asyncio.create_task(Dispatcher(settings, store.conn).run(stop))
@@ -364,6 +372,8 @@ async def test_a_receiver_that_fails_or_is_private_ends_failed_in_the_deliveries
     assert len(receiver.received) == 3
     assert failed["attempts"] == 3 and failed["last_result"] == "HTTP 500"
     assert failed["next_s"] is None and failed["ended_s"]
+    # the operators' view: two tries to be retried, two deliveries given up (one refused)
+    assert {o: attempts(o) - before[o] for o in before} == {"retry": 2, "failed": 2}
 
 
 # --- a real render, through the web app ---------------------------------------------------------
