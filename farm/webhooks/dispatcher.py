@@ -37,7 +37,7 @@ import aiohttp
 
 from farm import keys, metrics
 from farm.errors import FarmError, NotFound, QueueError
-from farm.models import JobSpec
+from farm.models import JobSpec, WebhookEvent, WebhookJob
 from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from farm.webhooks import addresses, signing
@@ -56,8 +56,6 @@ INTAKE_BATCH = 100
 DUE_SCAN = 1000
 #: requests in flight at once, over every hook
 SEND_CONCURRENCY = 32
-#: version of the JSON body
-BODY_VERSION = 1
 USER_AGENT = "Tessera-Webhooks/1"
 
 _KEYS_LUA = keys.lua("webhook_delivery", "webhook_deliveries", "WEBHOOK_OUTBOX", "WEBHOOK_DUE")
@@ -234,36 +232,36 @@ class Dispatcher:
             log.info("event=webhook_deliveries_created entry=%s kind=%s job=%s hooks=%d",
                      entry_id, event, fields["job_id"], len(wanting))  # fmt: skip
 
-    def _job_part(self, fields: dict[str, str]) -> dict[str, Any]:
+    def _job_part(self, fields: dict[str, str]) -> WebhookJob:
         job_id = fields["job_id"]
         spec = guard(self.conn.hget, keys.job(job_id), "spec")
-        part: dict[str, Any] = {
-            "id": job_id,
-            "name": JobSpec.from_json(spec).name if spec else "",
-            "state": fields.get("state", ""),
-            "frames_done": int(fields.get("frames_done") or 0),
-            "frames_total": int(fields.get("frames_total") or 0),
-        }
-        if fields.get("message"):
-            part["reason"] = fields["message"]
-        return part
+        return WebhookJob(
+            id=job_id,
+            name=JobSpec.from_json(spec).name if spec else "",
+            state=fields.get("state", ""),
+            frames_done=int(fields.get("frames_done") or 0),
+            frames_total=int(fields.get("frames_total") or 0),
+            reason=fields.get("message", ""),
+        )
 
-    def _body(self, delivery_id: str, fields: dict[str, str], job: dict[str, Any]) -> str:
-        body: dict[str, Any] = {
-            "v": BODY_VERSION,
-            "id": delivery_id,
-            "event": fields["event"],
-            "ts": float(fields["ts"]),
-            "project": fields["project"],
-            "job": job,
-        }
+    def _body(self, delivery_id: str, fields: dict[str, str], job: WebhookJob) -> str:
+        frame: int | None = None
+        files: list[dict[str, Any]] | None = None
         if fields.get("frame"):
             frame = int(fields["frame"])
-            body["frame"] = frame
             recorded = guard(self.conn.hget, keys.delivered(fields["job_id"]), str(frame))
-            files = json.loads(recorded) if recorded else []
-            body["files"] = [{k: f[k] for k in ("name", "size", "sha256")} for f in files]
-        return json.dumps(body, separators=(",", ":"), sort_keys=True)
+            listed = json.loads(recorded) if recorded else []
+            files = [{k: f[k] for k in ("name", "size", "sha256")} for f in listed]
+        event = WebhookEvent(
+            id=delivery_id,
+            event=fields["event"],
+            ts=float(fields["ts"]),
+            project=fields["project"],
+            job=job,
+            frame=frame,
+            files=files,
+        )
+        return event.to_json()
 
     # --- sending ------------------------------------------------------------------------------
 
