@@ -85,8 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("watch", help="show a job's progress until it ends")
-    p.add_argument("job")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("job", nargs="?")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print each event of the job as one JSON object per line, as it happens",
+    )
+    p.add_argument(
+        "--project",
+        help="with --json, instead of JOB: the events of the project's running jobs and of "
+        "those submitted later, until Ctrl-C",
+    )
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("job")
@@ -303,9 +312,25 @@ def _watch(store: jobstore.JobStore, job_id: str) -> None:
 def cmd_watch(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
     from farm import jobstore
 
+    if (args.job is None) == (args.project is None):
+        raise BadParameter("give a JOB, or --project P with --json")
+    if args.project is not None and not args.json:
+        raise BadParameter("--project streams JSON lines: add --json")
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
-    _watch(store, args.job)
-    return store.status(args.job).to_dict() if args.json else None
+    if not args.json:
+        _watch(store, args.job)
+        return None
+    from farm import jobevents
+
+    # JSON lines, each job's events from its start; a job's last is its end (job_state)
+    if args.project is not None:
+        for event in jobevents.follow_project(store, args.project):  # until Ctrl-C
+            print(json.dumps(event.to_dict()), flush=True)
+        return None
+    for event in jobevents.follow(store, args.job):
+        print(json.dumps(event.to_dict()), flush=True)
+    jobevents.outcome(store, args.job)
+    return None
 
 
 def cmd_cancel(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:

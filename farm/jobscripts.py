@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from farm import keys
 from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS
+from farm.webhooks import outbox
 
 S = TypeVar("S", bound=StrEnum)
 
@@ -28,11 +29,13 @@ def _lua_moves(table: Mapping[S, frozenset[S]]) -> str:
 
 #: the keys the scripts find by name (not given in KEYS), as farm.keys spells them
 KEYS_LUA = keys.lua(
-    "job", "tiles", "events", "assembling", "lease", "frame_counts", "delivered", "JOBS_ENDED"
-)
+    "job", "tiles", "events", "assembling", "lease", "frame_counts", "delivered", "JOBS_ENDED",
+    "WEBHOOK_OUTBOX", "WEBHOOK_PROJECTS",
+)  # fmt: skip
 
 PRELUDE = f"""
 {KEYS_LUA}
+{outbox.NOTIFY_LUA}
 local JOB_MOVES = '{_lua_moves(JOB_TRANSITIONS)}'
 local TILE_MOVES = '{_lua_moves(TILE_TRANSITIONS)}'
 local FINAL = {{done=true, failed=true, canceled=true}}
@@ -67,6 +70,7 @@ local function job_move(jk, evk, jid, new, ts, reason)
   end
   if reason ~= '' then redis.call('HSET', jk, 'reason', reason) end
   event(evk, {{'type', 'job_state', 'job_id', jid, 'ts', ts, 'state', new, 'message', reason, 'v', '1'}})
+  if FINAL[new] then notify(jk, jid, 'job.' .. new, ts, '', reason) end
   return true
 end
 
@@ -240,6 +244,7 @@ local st = redis.call('HGET', KEYS[1], 'state')
 if FINAL[st] then return 'job_' .. st end
 local done = redis.call('HINCRBY', KEYS[1], 'frames_done', 1)
 event(KEYS[3], {'type', 'frame_done', 'job_id', ARGV[1], 'ts', ARGV[3], 'frame', ARGV[2], 'v', '1'})
+notify(KEYS[1], ARGV[1], 'frame.done', ARGV[3], ARGV[2], '')
 if done == tonumber(redis.call('HGET', KEYS[1], 'frames_total')) then
   job_move(KEYS[1], KEYS[3], ARGV[1], 'done', ARGV[3], '')
 end

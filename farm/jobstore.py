@@ -15,6 +15,7 @@ from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
 from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState, TileState
+from farm.webhooks import outbox
 
 #: how long a frame offered for assembly may wait for an assembler to take it before the sweep
 #: offers it again (an assembler then holds it under the tiles' renewed lease, tile_lease_s)
@@ -76,6 +77,7 @@ class JobStore:
         self._retry = conn.register_script(jobscripts.RETRY_FAILED)
         self._sweep = conn.register_script(jobscripts.SWEEP)
         self._trim = conn.register_script(jobscripts.TRIM_ENDED)
+        self._submitted = conn.register_script(outbox.SUBMITTED)
 
     # --- creating -------------------------------------------------------------------------
 
@@ -98,6 +100,7 @@ class JobStore:
             keys.job(job_id),
             mapping={
                 "spec": spec.to_json(),
+                "project": spec.project,
                 "state": JobState.QUEUED.value,
                 "reason": "",
                 "created_s": now,
@@ -120,6 +123,8 @@ class JobStore:
         pipe.zadd(keys.project_jobs(spec.project), {job_id: now})
         event = Event("job_state", job_id, now, state=JobState.QUEUED.value)
         pipe.xadd(keys.events(job_id), event.to_fields())
+        # the webhooks' job.submitted, in the same MULTI (an outbox entry only with a hook)
+        self._submitted(keys=[keys.job(job_id)], args=[job_id, now], client=pipe)
         return tasks
 
     # --- changing a job's record ---------------------------------------------------------------

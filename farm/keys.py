@@ -286,6 +286,34 @@ def usage_rolled(project: str) -> str:
     return f"{PREFIX}:usage:{project}:rolled"
 
 
+# --- webhooks (farm.webhooks) -------------------------------------------------------------------
+
+#: set of the projects with at least one webhook: job events of others go to no outbox
+WEBHOOK_PROJECTS = f"{PREFIX}:webhook-projects"
+#: stream: one entry per job event a webhook may want (job.submitted, frame.done, job.<end>),
+#: written in the script that makes the event; the dispatcher reads it as a consumer group
+WEBHOOK_OUTBOX = f"{PREFIX}:webhook-outbox"
+#: string with a TTL: the web process whose dispatcher sends webhooks (one at a time)
+WEBHOOK_DISPATCHER = f"{PREFIX}:webhook-dispatcher"
+#: sorted set: delivery id -> when its next attempt is due (epoch s), of pending deliveries
+WEBHOOK_DUE = f"{PREFIX}:webhook-due"
+
+
+def webhooks(project_id: str) -> str:
+    """Hash: hook id -> JSON record (url, events, secret, created_s, created_by) of a project."""
+    return f"{PREFIX}:project:{project_id}:webhooks"
+
+
+def webhook_deliveries(hook_id: str) -> str:
+    """Sorted set: delivery id -> creation time (epoch s), the hook's latest deliveries."""
+    return f"{PREFIX}:webhook:{hook_id}:deliveries"
+
+
+def webhook_delivery(delivery_id: str) -> str:
+    """Hash: hook, project, event, body, state, attempts, next_s, last result of a delivery."""
+    return f"{PREFIX}:webhook-delivery:{delivery_id}"
+
+
 # --- the same names in Lua ---------------------------------------------------------------------
 
 #: what a key's fixed parts may hold, so that they need no escaping inside a Lua string

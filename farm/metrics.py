@@ -161,6 +161,14 @@ STREAM_MESSAGES_DROPPED = Counter(
     "malformed, over the input rate).", ["reason"], registry=REGISTRY,
 )  # fmt: skip
 
+# --- web: webhooks ------------------------------------------------------------------------------
+
+WEBHOOK_ATTEMPTS = Counter(
+    "tessera_webhook_attempts", "Webhook requests this web's dispatcher sent, by outcome: "
+    "delivered, retry (to be tried again), failed (no tries left, or a refused address), and "
+    "dropped deliveries (their hook was deleted).", ["outcome"], registry=REGISTRY,
+)  # fmt: skip
+
 _SESSION_GAUGES = (STREAM_FPS, STREAM_BITRATE, STREAM_ROUND_TRIP)
 
 #: the families ``FarmCollector`` yields, with their types
@@ -192,7 +200,8 @@ def exported_names() -> set[str]:
     own = (TILES_RENDERED, TILES_FAILED, TILE_SECONDS, JOB_SECONDS, GPU_UTILIZATION,
            GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_ENERGY, GPU_ENCODER_SESSIONS,
            STREAM_SESSIONS, STREAM_VIEWERS, STREAM_FPS, STREAM_BITRATE, STREAM_ROUND_TRIP,
-           STREAM_ROUND_TRIPS, STREAM_FRAMES, STREAM_MESSAGES_DROPPED)  # fmt: skip
+           STREAM_ROUND_TRIPS, STREAM_FRAMES, STREAM_MESSAGES_DROPPED,
+           WEBHOOK_ATTEMPTS)  # fmt: skip
     for metric in own:
         families += [(m.name, m.type) for m in metric.describe()]
     families += [(m.name, m.type) for m in _PROCESS.collect()]

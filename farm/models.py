@@ -407,3 +407,40 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class WebhookJob:
+    """The job a webhook event is about, as it stood when the event happened."""
+
+    id: str
+    name: str
+    state: str
+    frames_done: int
+    frames_total: int
+    #: why it failed or was canceled (job.failed, job.canceled); empty otherwise
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    """The JSON body of one webhook delivery (farm.webhooks; the README's Notifications)."""
+
+    #: the delivery id, also in X-Tessera-Delivery: the same for every try of this delivery
+    id: str
+    #: job.submitted, frame.done, job.done, job.failed or job.canceled
+    event: str
+    #: when it happened (epoch s)
+    ts: float
+    project: str
+    job: WebhookJob
+    #: frame.done: the frame, and its delivered files (name, size, sha256)
+    frame: int | None = None
+    files: list[dict[str, Any]] | None = None
+    v: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        if not data["job"]["reason"]:
+            del data["job"]["reason"]
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)

@@ -392,6 +392,30 @@ class Settings:
     """FARM_UPLOAD_CHECKS: zip and decompression checks one web process runs at once (each
     on its own thread, apart from the threads that answer requests)."""
 
+    # --- H-events: webhooks (issue #16 item 5) ------------------------------------------------
+
+    webhook_allow_private: int = 0
+    """FARM_WEBHOOK_ALLOW_PRIVATE: 1 = webhooks may go to loopback, link-local and private
+    addresses (a farm on a private network whose receivers are there too); 0 = public
+    addresses only, checked when each request is sent, so members cannot reach the farm's own
+    network through a hook."""
+
+    webhook_max_attempts: int = 8
+    """FARM_WEBHOOK_MAX_ATTEMPTS: tries of one delivery before it is marked failed."""
+
+    webhook_backoff_s: float = 10.0
+    """FARM_WEBHOOK_BACKOFF_S: the wait after a delivery's first failed try; it doubles with
+    each try (with jitter: between half and all of it), up to FARM_WEBHOOK_BACKOFF_MAX_S."""
+
+    webhook_backoff_max_s: float = 3600.0
+    """FARM_WEBHOOK_BACKOFF_MAX_S: the longest wait between two tries of a delivery."""
+
+    webhook_timeout_s: float = 10.0
+    """FARM_WEBHOOK_TIMEOUT_S: how long one webhook request may take (connect to answer)."""
+
+    webhook_max_per_project: int = 10
+    """FARM_WEBHOOK_MAX_PER_PROJECT: webhooks one project may have."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -587,6 +611,13 @@ ENV: dict[str, tuple[str, type, float]] = {
     "job_max_tiles": ("FARM_JOB_MAX_TILES", int, 1),
     "project_max_stored_bytes": ("FARM_PROJECT_MAX_STORED_BYTES", int, 1),
     "upload_checks": ("FARM_UPLOAD_CHECKS", int, 1),
+    # H-events: webhooks
+    "webhook_allow_private": ("FARM_WEBHOOK_ALLOW_PRIVATE", int, 0),
+    "webhook_max_attempts": ("FARM_WEBHOOK_MAX_ATTEMPTS", int, 1),
+    "webhook_backoff_s": ("FARM_WEBHOOK_BACKOFF_S", float, 0.01),
+    "webhook_backoff_max_s": ("FARM_WEBHOOK_BACKOFF_MAX_S", float, 0.01),
+    "webhook_timeout_s": ("FARM_WEBHOOK_TIMEOUT_S", float, 0.1),
+    "webhook_max_per_project": ("FARM_WEBHOOK_MAX_PER_PROJECT", int, 0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

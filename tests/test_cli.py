@@ -215,7 +215,12 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         job_id = json.loads(proc.stdout)["id"]
         watched = farm("watch", job_id, "--json", cwd=tmp_path, env=env)
         assert watched.returncode == 0, watched.stderr
-        assert json.loads(watched.stdout)["state"] == "done"
+        # one event per line, from the job's start to its end
+        events = [json.loads(line) for line in watched.stdout.splitlines()]
+        assert (events[0]["type"], events[0]["state"]) == ("job_state", "queued")
+        assert (events[-1]["type"], events[-1]["state"]) == ("job_state", "done")
+        assert [e["frame"] for e in events if e["type"] == "frame_done"] == [1]
+        assert sum(e["type"] == "tile_state" and e["state"] == "done" for e in events) == 2
         status = json.loads(farm("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
         assert (status["tiles_done"], status["frames_done"]) == (2, 1)
         assert (tmp_path / "out" / "frame_0001.png").is_file()
@@ -234,6 +239,88 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         worker.terminate()
         assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()[-2000:]
         log.close()
+
+
+def test_watch_json_streams_a_canceled_jobs_events_and_exits_as_canceled(
+    redis_url: str, tmp_path: Path
+) -> None:
+    from farm import jobstore
+    from farm.states import JobState
+    from tests.web.conftest import make_job, make_web_settings
+
+    job_id = make_job(make_web_settings(redis_url, tmp_path), "A", tmp_path / "out")
+    store = jobstore.JobStore(jobstore.connect(redis_url))
+    store.end_job(job_id, JobState.CANCELED, "canceled by request")
+    store.conn.close()
+    watched = farm("watch", job_id, "--json", cwd=tmp_path, env={"FARM_REDIS_URL": redis_url})
+    assert watched.returncode == 130, watched.stderr
+    *events, error = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [(e["type"], e["state"]) for e in events] == [
+        ("job_state", "queued"),
+        ("job_state", "canceled"),
+    ]
+    assert events[-1]["message"] == "canceled by request"
+    # then the error object every --json command ends a failure with
+    assert error["error"] == "job_canceled"
+
+
+def test_watch_project_json_streams_the_projects_jobs_only(redis_url: str, tmp_path: Path) -> None:
+    import queue
+
+    from farm import jobstore
+    from farm.models import TileTask
+    from tests.web.conftest import make_job, make_web_settings
+
+    settings = make_web_settings(redis_url, tmp_path)
+    store = jobstore.JobStore(jobstore.connect(redis_url))
+    before = make_job(settings, "A", tmp_path / "before")  # running when the watch starts
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "farm", "watch", "--project", "A", "--json"],
+        env={**os.environ, "FARM_REDIS_URL": redis_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert watcher.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for line in watcher.stdout or ():
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[dict[str, object]] = []
+
+    def read_until(job_id: str, state: str) -> None:
+        """Lines until the job's job_state event of ``state``."""
+        while not seen or (seen[-1]["job_id"], seen[-1]["type"], seen[-1]["state"]) != (
+            job_id,
+            "job_state",
+            state,
+        ):
+            seen.append(json.loads(lines.get(timeout=20)))
+
+    try:
+        read_until(before, "queued")  # the running job's events from its start
+        other = make_job(settings, "B", tmp_path / "other")
+        later = make_job(settings, "A", tmp_path / "later")
+        for job_id in (other, later):  # rendered as workers would, in no time
+            for frame in (1, 2):
+                task = TileTask(job_id, frame, 0, 1)
+                store.start_tile(task)
+                store.finish_tile(task, 1)
+                store.finish_frame(job_id, frame)
+        read_until(later, "done")
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(30) == 130
+        watcher.stdout.close()
+        store.conn.close()
+    assert {e["job_id"] for e in seen} == {before, later}
+    assert [e["frame"] for e in seen if e["type"] == "frame_done"] == [1, 2]
+    assert seen[-1]["type"] == "job_state"
+    refused = farm("watch", "--project", "A", cwd=tmp_path, env={"FARM_REDIS_URL": redis_url})
+    _refused(refused, "--json")
 
 
 def test_a_job_submitted_with_farm_submit_shows_in_its_projects_web_list(

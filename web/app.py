@@ -33,6 +33,7 @@ from web.auth import auth_middleware
 from web.headers import on_prepare
 from web.jsonio import error_middleware
 from web.routes import add_routes, table
+from web.webhooks import dispatcher_ctx
 
 log = logging.getLogger("tessera.web")
 
@@ -85,4 +86,5 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[ROUTES] = add_routes(app, table())
     app.cleanup_ctx.append(_resources)
+    app.cleanup_ctx.append(dispatcher_ctx)
     return app

@@ -16,15 +16,15 @@ from web.limits import LIMITS, limits_of
 log = logging.getLogger("tessera.web.projects")
 
 
-def _manage(request: web.Request, project: str) -> None:
-    """Farm admins, and the project's own admins, manage its members."""
+def manage(request: web.Request, project: str) -> None:
+    """Farm admins, and the project's own admins, manage its members (and its webhooks)."""
     if not user_of(request).admin:
         role_in(request, project, "admin")
 
 
 async def list_members(request: web.Request) -> web.Response:
     project = request.match_info["project"]
-    _manage(request, project)
+    manage(request, project)
     members = await blocking(request.app, request.app[ACCOUNTS].members, project)
     return web.json_response(
         {
@@ -38,7 +38,7 @@ async def remove_member(request: web.Request) -> web.Response:
     """The user leaves the project: every token and session of theirs loses it at once."""
     project = request.match_info["project"]
     user = check_name("user", request.match_info["user"])
-    _manage(request, project)
+    manage(request, project)
     await blocking(request.app, request.app[ACCOUNTS].remove_member, user, project)
     log.info("event=member_removed project=%s user=%s by=%s", project, user,
              user_of(request).name)  # fmt: skip
@@ -72,7 +72,7 @@ async def set_policy(request: web.Request) -> web.Response:
     """The project's admins (and farm admins) set which device classes a role may lease (the
     allocator's policy: every later lease obeys it) and which role may launch desktop apps."""
     project = request.match_info["project"]
-    _manage(request, project)
+    manage(request, project)
     body = await jsonio.read_object(request, {"role": str, "devices": list, "desktop_apps": str})
     if "role" not in body and "desktop_apps" not in body:
         raise BadParameter("give a role with its devices, or desktop_apps, or both")

@@ -21,6 +21,7 @@ from web import (
     streams,
     tilelogs,
     uploads,
+    webhooks,
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -111,6 +112,19 @@ def table() -> list[Route]:
           "class) and who may launch desktop apps (project admins)",
           body={"role": S, "devices": {"type": "array", "items": S}, "desktop_apps": S},
           tags=("accounts",)),
+        R("GET", "/api/projects/{project}/webhooks", webhooks.list_hooks,
+          "the project's webhooks, without their secrets (project admins)", tags=("webhooks",)),
+        R("POST", "/api/projects/{project}/webhooks", webhooks.create_hook,
+          "add a webhook: an http(s) URL and the events it wants (job.submitted, frame.done, "
+          "job.done, job.failed, job.canceled; default all); the answer shows its signing "
+          "secret once (project admins)",
+          body={"url": S, "events": {"type": "array", "items": S}}, tags=("webhooks",)),
+        R("DELETE", "/api/projects/{project}/webhooks/{hook_id}", webhooks.delete_hook,
+          "delete a webhook (project admins)", tags=("webhooks",)),
+        R("GET", "/api/projects/{project}/webhooks/{hook_id}/deliveries",
+          webhooks.list_deliveries,
+          "the webhook's latest deliveries: state, attempts, last result (project admins)",
+          tags=("webhooks",)),
         # uploads (sessions first: /api/uploads/sessions must not match {upload_id})
         R("POST", "/api/uploads/sessions", uploads.create_session,
           "start a resumable upload", body={"project": S, "name": S, "size": I},

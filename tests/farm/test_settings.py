@@ -196,6 +196,8 @@ def test_to_env_rebuilds_every_setting() -> None:
         stream_capture_retries=5, stream_encode_mpx_s=100.0, stream_resize_max_width=1280,
         stream_resize_max_height=720, stream_file_max_mib=8, stream_audio=0,
         s3_public_url="https://s3.example", data_dir=Path("/d"), web_farm_metrics="off",
+        webhook_allow_private=1, webhook_max_attempts=3, webhook_backoff_s=0.5,
+        webhook_backoff_max_s=30.0, webhook_timeout_s=2.0, webhook_max_per_project=4,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):
