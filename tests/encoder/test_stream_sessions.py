@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from encoder.app import running
-from farm import keys
+from farm import keys, workerstate
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
@@ -218,6 +218,11 @@ def test_farm_stream_serves_registers_and_unregisters(
         entry = json.loads(conn.hget(keys.STREAM_SERVICES, line["device_id"]) or "{}")
         assert entry["url"] == line["url"] and entry["pid"] == proc.pid
         assert entry["alive_until"] > time.time()
+        # and on the workers page: a stream service of its device, idle
+        registry = workerstate.registry_for(conn, stream_settings)
+        (listed,) = [w for w in registry.list() if w.pid == proc.pid]
+        assert (listed.kind, listed.device_id, listed.state) == ("stream", line["device_id"],
+                                                                 "idle")  # fmt: skip
 
         async def apps() -> list[str]:
             async with aiohttp.ClientSession(headers=operator_headers()) as http:
@@ -229,6 +234,7 @@ def test_farm_stream_serves_registers_and_unregisters(
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
         assert conn.hget(keys.STREAM_SERVICES, line["device_id"]) is None
+        assert registry.get(listed.name) is None, "a service that stops leaves the list"
         conn.close()
     finally:
         if proc.poll() is None:
