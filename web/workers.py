@@ -91,6 +91,10 @@ def _why(request: web.Request, job_id: str, state: JobState, device: str, projec
         return Why("not_queued", f"the job is {state.value}, not waiting for a worker", device)
     workers = _registry(request).list()
     allowed = request.app[ALLOCATOR].policy(project).get(role) if role else None
+    why = explain(device, workers, allowed)
+    if why.reason != "busy":
+        return why
+    # its queue position only when it is the reason: reading it costs the queue's length
     waiting = RenderQueue(request.app[RQ_CONN], device).waiting_ids()
     mine = f"tile-{job_id}-"
     ahead = next((i for i, rq_id in enumerate(waiting) if rq_id.startswith(mine)), None)

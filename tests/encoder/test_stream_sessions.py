@@ -334,6 +334,16 @@ def test_a_gpu_service_accounts_nvenc_sessions_and_vram_on_its_gpu(
         asyncio.run(body(service.url, service.device.index))
         (live,) = service.sessions.values()
         assert live.pipeline is not None and live.pipeline.encoder.options["gpu"] == "0"
+        # its next heartbeat puts its session and its GPU's utilisation on the workers page
+        service.nvml.set_usage(0, utilization_pct=37)  # type: ignore[union-attr]
+        service._register()
+        conn = redis.Redis.from_url(redis_url, decode_responses=True)
+        listed = workerstate.registry_for(conn, settings).get(service.name)
+        conn.close()
+        assert listed is not None
+        assert (listed.kind, listed.device_class, listed.state, listed.task) == (
+            "stream", "t4", "streaming", "1 session")  # fmt: skip
+        assert listed.utilization_pct == 37
 
 
 def test_a_gpu_without_nvenc_refuses_streams_for_good(stream_settings: Settings) -> None:

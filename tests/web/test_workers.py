@@ -132,6 +132,12 @@ def test_a_worker_shows_its_tile_to_its_project_and_busy_to_others_then_counts_i
         return len(seen) == 3
 
     until(rendering_seen_by_all, JOB_TIMEOUT_S, "every user seeing the worker render")
+    # a job queued behind it is told the worker is busy, and how many tasks are before it
+    # (the other tile of the first job, or its frame's assembly, as the worker stands)
+    second = submit(farm, tiles="1x1")
+    status, why = call(farm, "GET", f"/api/jobs/{second}/why", farm.tokens.alice)
+    assert status == 200 and why["reason"] == "busy" and why["tasks_ahead"] in (0, 1), why
+    assert why["message"].startswith("the only CPU worker is busy; ")
     for who in ("alice", "root"):  # the job's project, a farm admin
         w = seen[who]
         assert (w["task"], w["job"], w["project"]) == ("tile", job_id, "A"), who
@@ -141,8 +147,9 @@ def test_a_worker_shows_its_tile_to_its_project_and_busy_to_others_then_counts_i
         "busy (another project)", "", "")  # fmt: skip
     assert seen["bob"]["lease"] == "" and seen["bob"]["frame"] is None
     wait_done(farm, job_id)
+    wait_done(farm, second)
     until(lambda: workers(farm, farm.tokens.alice)[WORKER]["state"] == "idle", 10, "idle again")
-    assert workers(farm, farm.tokens.alice)[WORKER]["tiles_done_today"] == done_before + 2
+    assert workers(farm, farm.tokens.alice)[WORKER]["tiles_done_today"] == done_before + 3
 
 
 def test_a_disabled_worker_takes_no_tile_until_enabled_and_the_job_says_why(
@@ -166,8 +173,8 @@ def test_a_disabled_worker_takes_no_tile_until_enabled_and_the_job_says_why(
     assert status == 503 and body["error"]["code"] == "no_worker", body
     assert "disabled by an operator" in body["error"]["message"]
     assert time.monotonic() - t0 < 5
-    # two seconds disabled: the tile waits (at most handed back once, never counted)
-    deadline = time.monotonic() + 2
+    # a second disabled: the tile waits (at most handed back once, never counted)
+    deadline = time.monotonic() + 1
     while time.monotonic() < deadline:
         assert farm.store.status(job_id).tiles_done == 0
         time.sleep(0.2)
