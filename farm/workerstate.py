@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from farm import keys
-from farm.errors import FarmError, NotFound
+from farm.errors import BadParameter, FarmError, NotFound
 from farm.redisclient import Redis, guard
 
 log = logging.getLogger("tessera.workerstate")
@@ -193,6 +193,9 @@ class WorkerRegistry:
         """Disable (drain) or enable a listed worker; NotFound for a name not in the registry."""
         if guard(self.conn.zscore, keys.WORKERS, name) is None:
             raise NotFound(f"no worker {name!r} (`farm workers` lists them)", worker=name)
+        if guard(self.conn.hget, keys.worker(name), "kind") == "stream":
+            raise BadParameter(f"{name} is a stream service: only render workers are disabled "
+                               "(stop the service to drain its device)", worker=name)  # fmt: skip
         if disabled:
             flag = json.dumps({"by": by, "at": time.time()})
             guard(self.conn.hset, keys.WORKERS_DISABLED, name, flag)
