@@ -23,7 +23,7 @@ from encoder.catalog import TESTPATTERN, Catalog
 from encoder.session import SessionState, StreamSession
 from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
 from encoder.turn import ice_servers
-from farm import keys, sandbox
+from farm import keys, sandbox, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
@@ -171,6 +171,25 @@ class StreamService:
     def _register(self) -> None:
         entry = json.dumps(self.registration())
         guard(self._redis().hset, keys.STREAM_SERVICES, self.device.id, entry)
+        self._workers_entry()
+
+    def _workers_entry(self) -> None:
+        """The service on the workers page: its device, sessions and GPU utilisation."""
+        device = self.device
+        sessions = len(self.sessions)
+        util = None
+        if self.nvml is not None and device.index is not None:
+            with contextlib.suppress(FarmError):
+                util = self.nvml.device(device.index).utilization_pct
+        registry = workerstate.registry_for(self._redis(), self.settings)
+        registry.beat(self.name, {
+            "kind": "stream", "host": device.host, "pid": os.getpid(),
+            "queue": self.settings.device, "device_id": device.id,
+            "device_class": device.device_class, "model": device.model,
+            "started": self.started, "activity": "streaming" if sessions else "idle",
+            "task": f"{sessions} session{'s' if sessions != 1 else ''}" if sessions else "",
+            "utilization_pct": util,
+        })  # fmt: skip
 
     def _unregister(self) -> None:
         conn = self._redis()
@@ -178,6 +197,7 @@ class StreamService:
         # only our own entry: a newer service for the device may have replaced it
         if raw is not None and json.loads(raw).get("url") == self.url:
             guard(conn.hdel, keys.STREAM_SERVICES, self.device.id)
+        workerstate.registry_for(conn, self.settings).forget(self.name)
 
     async def _beat(self) -> None:
         while True:

@@ -104,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gpus", help="devices in the pool: capacity, use and leases")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("workers", help="render workers and stream services: state, task, beats")
+    p.add_argument("--json", action="store_true")
+    wk = p.add_subparsers(dest="workers_command")
+    for verb, what in (("disable", "drain a worker: it finishes its task, takes no new ones"),
+                       ("enable", "let a disabled worker take tasks again")):  # fmt: skip
+        t = wk.add_parser(verb, help=what)
+        t.add_argument("name")
+        t.add_argument("--json", action="store_true")
+
     p = sub.add_parser("usage", help="a project's GPU-hours, kWh, cost and CO2e")
     p.add_argument("--project", help="the project (default: every project with usage)")
     p.add_argument("--since", help="from a date (2026-11-01, 2026-11-01T12:00) or age (7d, 24h)")
@@ -249,6 +258,7 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     # refused before the file is stored
     submission.check_request(req)
     check_blend(args.blend)
+    _require_worker(settings, req.device)
     storage = farm_storage(settings)
     source = storage.put_upload(args.blend)
     storage.close()
@@ -263,6 +273,18 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
         return store.status(accepted.job_id).to_dict()
     print(accepted.job_id)
     return None
+
+
+def _require_worker(settings: Settings, device: str) -> None:
+    """Refuse at once, saying why, when no worker of ``device`` would take the inspection
+    (not after FARM_INSPECT_TIMEOUT_S of waiting for one)."""
+    from farm import jobstore, queuewhy, workerstate
+
+    conn = jobstore.connect(settings.redis_url)
+    try:
+        queuewhy.require_worker(workerstate.registry_for(conn, settings).list(), device)
+    finally:
+        conn.close()
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
@@ -421,6 +443,30 @@ def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
     return None
 
 
+def cmd_workers(settings: Settings, args: argparse.Namespace) -> Any:
+    from farm import jobstore, workerstate
+
+    conn = jobstore.connect(settings.redis_url)
+    try:
+        registry = workerstate.registry_for(conn, settings)
+        if args.workers_command in ("disable", "enable"):
+            worker = registry.set_disabled(args.name, args.workers_command == "disable", "cli")
+            if args.json:
+                return worker.to_dict()
+            print(f"{worker.name}: {worker.state.value}")
+            return None
+        workers = registry.list()
+    finally:
+        conn.close()
+    if args.json:
+        return [w.to_dict() for w in workers]
+    if not workers:
+        print("no worker has reported: start one with `farm worker` (or `farm up`)")
+        return None
+    print("\n".join(workerstate.render_text(workers)))
+    return None
+
+
 def cmd_stream(settings: Settings, args: argparse.Namespace) -> None:
     import asyncio
     import signal
@@ -535,6 +581,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "worker": cmd_worker,
     "gpus": cmd_gpus,
+    "workers": cmd_workers,
     "usage": cmd_usage,
     "stream": cmd_stream,
     "stream-token": cmd_stream_token,

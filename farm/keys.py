@@ -249,6 +249,27 @@ def stream_owner(session_id: str) -> str:
 STREAM_SERVICES = f"{PREFIX}:stream:services"
 
 
+# --- the workers' registry (farm.workerstate) ----------------------------------------------------
+
+#: sorted set: worker or stream service name -> its last heartbeat (epoch s); names silent past
+#: FARM_WORKER_RETENTION_S are trimmed by the beats themselves
+WORKERS = f"{PREFIX}:workers"
+#: hash: name -> JSON {by, at} of every worker an operator disabled (it takes no new tasks)
+WORKERS_DISABLED = f"{PREFIX}:workers-disabled"
+
+
+def worker(name: str) -> str:
+    """Hash with a TTL (the retention): host, pid, kind, device, state, current task, last beat
+    of one render worker or stream service."""
+    return f"{PREFIX}:worker:{name}"
+
+
+def worker_tiles(name: str, day: str) -> str:
+    """Hash with a TTL: ``done`` and ``failed`` tiles of one worker on one UTC day
+    (``day``: days since the epoch)."""
+    return f"{PREFIX}:worker:{name}:tiles:{day}"
+
+
 # --- usage accounting (written by the allocator's scripts, read by farm.alloc.usage) -------------
 
 #: set of the projects with recorded usage

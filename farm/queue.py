@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import signal
+import time
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import Any
@@ -18,6 +19,7 @@ from rq import Queue, SimpleWorker
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.utils import as_text, now
+from rq.worker import WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from farm import keys, redisclient
@@ -35,6 +37,8 @@ FAILURE_TTL_S = 24 * 3600
 MAINTENANCE_INTERVAL_S = 10
 #: a worker's heartbeat TTL; rq waits for new work this long minus 15 s per blocking pop
 WORKER_TTL_S = 35
+#: how often a worker an operator disabled asks whether it may take work again
+HOLD_POLL_S = 0.5
 
 
 def connect(url: str) -> Redis:
@@ -309,6 +313,22 @@ class _FarmWorker(SimpleWorker):
     """
 
     on_signal: Callable[[int], None] | None = None
+    #: False while the worker must take no task (an operator disabled it): it waits, idle
+    may_take: Callable[[], bool] | None = None
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        if self.may_take is not None and not self.may_take():
+            # idle, so a stop signal meanwhile raises StopRequested (rq's _shutdown)
+            self.set_state(WorkerStatus.IDLE)
+            self.procline("disabled by an operator: taking no tasks")  # type: ignore[no-untyped-call]
+            while not self.may_take():
+                if timeout is None:
+                    return None  # burst: as if the queue were empty
+                self.heartbeat()
+                time.sleep(HOLD_POLL_S)
+        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def _install_signal_handlers(self) -> None:
         signal.signal(signal.SIGINT, self._farm_stop)
@@ -332,8 +352,10 @@ def run_worker(
     burst: bool = False,
     log_level: str = "INFO",
     on_signal: Callable[[int], None] | None = None,
+    may_take: Callable[[], bool] | None = None,
 ) -> None:
     """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty.
+    While ``may_take()`` is False the worker takes nothing (and stays registered).
 
     The first SIGINT/SIGTERM stops the worker taking work once the current task returns; every
     signal is also passed to ``on_signal``, which decides how long the current task may run.
@@ -348,6 +370,7 @@ def run_worker(
         log_job_description=False,
     )
     worker.on_signal = on_signal
+    worker.may_take = may_take
     logging.getLogger("rq.worker").setLevel(log_level)
     guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
 

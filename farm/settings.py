@@ -148,6 +148,14 @@ class Settings:
     agent_timeout_s: float = 15.0
     """FARM_AGENT_TIMEOUT_S: an agent silent for this long leaves the pool with its devices."""
 
+    worker_silent_s: float = 30.0
+    """FARM_WORKER_SILENT_S: a render worker or stream service whose last heartbeat is older
+    than this shows as silent on the workers page (it beats every FARM_AGENT_TIMEOUT_S / 3)."""
+
+    worker_retention_s: float = 86400.0
+    """FARM_WORKER_RETENTION_S: how long a silent worker stays listed before its entry (and
+    its disabled flag) is trimmed."""
+
     stop_grace_s: float = 25.0
     """FARM_STOP_GRACE_S: on SIGTERM, how long the tile being rendered may run before the
     worker abandons it (requeued, not counted as a failure). Below Kubernetes' default 30 s
@@ -542,6 +550,8 @@ ENV: dict[str, tuple[str, type, float]] = {
     "lease_ttl_s": ("FARM_LEASE_TTL_S", float, 0.1),
     "storage_retry_s": ("FARM_STORAGE_RETRY_S", float, 0),
     "agent_timeout_s": ("FARM_AGENT_TIMEOUT_S", float, 0.1),
+    "worker_silent_s": ("FARM_WORKER_SILENT_S", float, 0.1),
+    "worker_retention_s": ("FARM_WORKER_RETENTION_S", float, 1.0),
     "metrics_port": ("FARM_METRICS_PORT", int, 0),
     "metrics_host": ("FARM_METRICS_HOST", str, 0),
     "usage_prices": ("FARM_USAGE_PRICES", str, 0),

@@ -17,6 +17,7 @@ import pytest
 
 from tests.blendscenes import make_scene
 from tests.conftest import TESTDATA
+from tests.web.conftest import wait_for_worker
 
 
 def farm(
@@ -209,6 +210,8 @@ def test_shared_farm_commands_submit_watch_status_cancel(
         stderr=subprocess.STDOUT,
     )
     try:
+        # `farm submit` refuses at once while no worker of its device is online
+        wait_for_worker(redis_url)
         submitting = ("submit", str(scene), "--tiles", "2x1", "--output", "out", "--json")
         proc = farm(*submitting, cwd=tmp_path, env=env)
         assert proc.returncode == 0, proc.stderr
@@ -336,6 +339,7 @@ def test_a_job_submitted_with_farm_submit_shows_in_its_projects_web_list(
     tokens = make_tokens(redis_url)
     worker = WorkerProcess(redis_url, tmp_path)  # it inspects the file
     try:
+        wait_for_worker(redis_url)
         submitting = ("submit", str(scene), "--project", "A", "--priority", "7", "--tiles", "1x1")
         proc = farm(*submitting, "--output", "out", "--json", cwd=tmp_path, env=worker.env)
         assert proc.returncode == 0, proc.stderr

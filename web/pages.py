@@ -60,6 +60,10 @@ async def streams_page(request: web.Request) -> web.FileResponse:
     return _file(STATIC, "streams.html")
 
 
+async def workers_page(request: web.Request) -> web.FileResponse:
+    return _file(STATIC, "workers.html")
+
+
 async def static_file(request: web.Request) -> web.StreamResponse:
     name = request.match_info["path"]
     if name in SHARED:

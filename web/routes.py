@@ -22,6 +22,7 @@ from web import (
     tilelogs,
     uploads,
     webhooks,
+    workers,
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,6 +70,7 @@ def table() -> list[Route]:
           tags=("pages",)),
         R("GET", "/jobs/{job_id}", pages.job_page, "job page", public=True, tags=("pages",)),
         R("GET", "/streams", pages.streams_page, "streams page", public=True, tags=("pages",)),
+        R("GET", "/workers", pages.workers_page, "workers page", public=True, tags=("pages",)),
         R("GET", "/static/{path}", pages.static_file, "page assets", public=True,
           tags=("pages",)),
         R("GET", "/player", pages.player, "stream player page", public=True, tags=("pages",)),
@@ -159,6 +161,9 @@ def table() -> list[Route]:
           tags=("jobs",)),
         R("PATCH", "/api/jobs/{job_id}", jobs.patch_job, "change a job's priority",
           body={"priority": I}, tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/why", workers.job_why,
+          "why the job waits: no worker of its device kind online, all busy (its queue "
+          "position), all disabled, or its project's device policy", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/events", events.job_events,
           "the job's progress as server-sent events", query=("after",), tags=("jobs",)),
         R("POST", "/api/jobs/{job_id}/cancel", jobs.cancel_job, "cancel a job",
@@ -181,6 +186,15 @@ def table() -> list[Route]:
         R("GET", "/api/jobs/{job_id}/download.zip", downloads.download_zip,
           "every finished frame file, the preview and the manifest as one zip (streamed)",
           tags=("jobs",)),
+        # workers
+        R("GET", "/api/workers", workers.list_workers,
+          "render workers and stream services: state, current task (other projects' hidden), "
+          "last heartbeat, tiles today, GPU utilisation", tags=("workers",)),
+        R("POST", "/api/workers/{name}/disable", workers.disable_worker,
+          "disable (drain) a worker: it finishes its task and takes no new ones (farm admins)",
+          tags=("workers",)),
+        R("POST", "/api/workers/{name}/enable", workers.enable_worker,
+          "let a disabled worker take tasks again (farm admins)", tags=("workers",)),
         # streams
         R("GET", "/api/streams/apps", streams.apps, "the stream app catalog",
           tags=("streams",)),

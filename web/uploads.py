@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from farm import keys, queue, submission
-from farm.errors import BadParameter, Conflict, FarmError, NotFound, NoWorker
+from farm import keys, queue, queuewhy, submission, workerstate
+from farm.errors import BadParameter, Conflict, FarmError, NotFound
 from farm.models import InspectionReport
 from farm.redisclient import guard
 from farm.settings import DEVICE_KINDS
@@ -381,20 +381,11 @@ async def get_upload(request: web.Request) -> web.Response:
     return web.json_response(intake.public(rec))
 
 
-def inspecting_class(rq_conn: Any, wanted: str | None) -> str:
-    """The device class whose workers inspect: ``wanted`` when one of its workers is online,
-    else any class with one (the report is the same on every device); NoWorker when none is."""
-    order = [wanted] if wanted else []
-    order += [d for d in DEVICE_KINDS if d != wanted]
-    for device in order:
-        if queue.live_workers(rq_conn, device):
-            return device
-    raise NoWorker(
-        "no render worker is online to inspect the file (none serves "
-        f"{' or '.join(DEVICE_KINDS)}); nothing was queued: start one with `farm worker`, "
-        "or try again once the farm's workers are up",
-        reason="no_worker",
-    )
+def inspecting_class(conn: Any, settings: Any, wanted: str | None) -> str:
+    """The device class whose workers inspect: ``wanted`` when one of its workers takes work
+    (an idle one first), else another class's (the report is the same on every device);
+    NoWorker at once, saying why, when no worker is online and enabled (farm.queuewhy)."""
+    return queuewhy.inspecting_kind(workerstate.registry_for(conn, settings).list(), wanted)
 
 
 async def inspection(
@@ -411,7 +402,7 @@ async def inspection(
         return InspectionReport.from_dict(json.loads(cached))
     source = intake.source_of(rec)
     settings = app[SETTINGS]
-    device = await blocking(app, inspecting_class, app[RQ_CONN], device)
+    device = await blocking(app, inspecting_class, conn, settings, device)
     render_queue = queue.RenderQueue(app[RQ_CONN], device)
     hold_s = settings.inspect_timeout_s + INSPECTION_HOLD_EXTRA_S
     async with in_flight(request, rec["project"], INSPECTIONS, hold_s):

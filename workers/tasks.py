@@ -26,6 +26,7 @@ from farm.settings import Settings
 from farm.states import JobState
 from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
+from farm.workerstate import Reporter
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown
@@ -56,6 +57,8 @@ class WorkerContext:
     #: SIGTERM state: a render in progress may be abandoned (see workers.shutdown)
     shutdown: Shutdown | None = None
     specs: dict[str, JobSpec] = field(default_factory=dict)
+    #: what the workers page shows of this worker (farm.workerstate); its disabled flag
+    report: Reporter = field(default_factory=Reporter)
 
     @property
     def scratch(self) -> Path:
@@ -165,8 +168,9 @@ def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> 
     ctx = context()
     src = BlendSource.from_dict(source)
     try:
-        path = ctx.prepare(src, project or None)
-        report = ctx.child.inspect(path, ctx.settings.inspect_timeout_s)
+        with ctx.report.activity("inspecting", task="inspection", project=project):
+            path = ctx.prepare(src, project or None)
+            report = ctx.child.inspect(path, ctx.settings.inspect_timeout_s)
         reply: dict[str, Any] = {"ok": True, "report": report}
     except FarmError as exc:
         log.warning("event=inspection_failed worker=%s project=%s sha256=%s error=%s "
@@ -192,6 +196,11 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
                  job_id, frame, index, attempt, started)  # fmt: skip
         return
     spec = ctx.spec(job_id)
+    if ctx.report.disabled():
+        # taken in the moment its operator disabled it: handed back, not counted
+        _tile_failed(ctx, spec, task, f"worker {ctx.name} was disabled by an operator; requeued",
+                     counts=False)  # fmt: skip
+        return
     try:
         request = _render_request(ctx, spec, job_id)
         lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S)
@@ -202,7 +211,9 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         _tile_failed(ctx, spec, task, exc.message, error=exc)
         return
     try:
-        _render_leased(ctx, spec, task, lease)
+        with ctx.report.activity("rendering", task="tile", job=job_id, project=spec.project,
+                                 frame=frame, tile=index, lease=lease.id):  # fmt: skip
+            _render_leased(ctx, spec, task, lease)
     finally:
         ctx.allocator.release(lease)
 
@@ -272,6 +283,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
     elif outcome in ("ok", "frame_ready"):
         metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
+        ctx.report.count("done")
         metrics.TILE_SECONDS.labels(ctx.device.device_class).observe(time.monotonic() - t0)
     log.info("event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f "
              "commit=%s device=%s backend=%s token=%d", task.job_id, task.frame, task.index,
@@ -315,6 +327,8 @@ def _tile_failed(
     shown = redaction.public(reason, task.job_id)
     outcome, next_attempt = ctx.store.fail_tile(task, shown, spec.max_attempts, counts)
     metrics.TILES_FAILED.labels(ctx.device.device_class, str(counts).lower()).inc()
+    if counts:
+        ctx.report.count("failed")
     if outcome == "failed":
         metrics.observe_job_end(ctx.store, task.job_id)
     log.warning("event=tile_failed job=%s frame=%d tile=%d attempt=%d counts=%s outcome=%s "
@@ -415,7 +429,11 @@ def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
         return
     spec = ctx.spec(job_id)
     try:
-        with _FrameLease(ctx, job_id, frame, attempt) as lease:
+        with (
+            ctx.report.activity("assembling", task="assembly", job=job_id, project=spec.project,
+                                frame=frame),
+            _FrameLease(ctx, job_id, frame, attempt) as lease,
+        ):  # fmt: skip
             _assemble(ctx, spec, job_id, frame, lease)
     except LeaseLost as exc:
         # paused or cut off past the lease: another assembler has the frame; nothing written

@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from farm import jobstore, metrics, queue, sandbox
+from farm import jobstore, metrics, queue, sandbox, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import SlotAllocator
 from farm.alloc.devices import Device
@@ -80,8 +80,10 @@ def serve(
         allocator=allocator,
         device=agent.devices[0],
         shutdown=Shutdown(child, settings.stop_grace_s),
+        report=workerstate.Reporter(workerstate.registry_for(conn, settings), name),
     )
     tasks.install(ctx)
+    beacon = _beacon(settings, ctx, agent)
     # Prometheus /metrics of this worker (tiles, durations, its GPU's NVML gauges)
     exporter = (
         metrics.start_metrics_server(settings.metrics_port, settings.metrics_host)
@@ -89,6 +91,7 @@ def serve(
         else None
     )
     agent.start()
+    beacon.start()
     sweeper = _Sweeper(ctx.sweep, every_s=settings.lease_ttl_s)
     sweeper.start()
     log.info("event=worker_ready worker=%s device=%s device_id=%s blender_pid=%s", name,
@@ -101,11 +104,13 @@ def serve(
             burst=burst,
             log_level=settings.log_level,
             on_signal=ctx.shutdown.on_signal if ctx.shutdown else None,
+            may_take=lambda: not ctx.report.disabled(),
         )
     finally:
         if ctx.shutdown is not None:
             ctx.shutdown.close()
         sweeper.stop()
+        beacon.stop()
         agent.stop()
         if exporter is not None:
             exporter.stop()
@@ -140,6 +145,24 @@ class _Sweeper:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _beacon(settings: Settings, ctx: tasks.WorkerContext, agent: DeviceAgent) -> workerstate.Beacon:
+    """The worker's heartbeat on the workers page: who it is, and its GPU's utilisation."""
+    device = ctx.device
+    identity = {"kind": "render", "host": device.host, "pid": os.getpid(),
+                "queue": settings.device, "device_id": device.id,
+                "device_class": device.device_class, "model": device.model}  # fmt: skip
+
+    def gauges() -> dict[str, object]:
+        if agent.nvml is None or device.index is None:
+            return {}
+        return {"utilization_pct": agent.nvml.device(device.index).utilization_pct}
+
+    assert ctx.report.registry is not None
+    return workerstate.Beacon(
+        ctx.report.registry, ctx.name, identity, settings.agent_timeout_s / 3, gauges
+    )
 
 
 def _agent(

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from encoder.app import running
-from farm import browserrules, keys
+from farm import browserrules, keys, workerstate
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
@@ -218,6 +218,11 @@ def test_farm_stream_serves_registers_and_unregisters(
         entry = json.loads(conn.hget(keys.STREAM_SERVICES, line["device_id"]) or "{}")
         assert entry["url"] == line["url"] and entry["pid"] == proc.pid
         assert entry["alive_until"] > time.time()
+        # and on the workers page: a stream service of its device, idle
+        registry = workerstate.registry_for(conn, stream_settings)
+        (listed,) = [w for w in registry.list() if w.pid == proc.pid]
+        assert (listed.kind, listed.device_id, listed.state) == ("stream", line["device_id"],
+                                                                 "idle")  # fmt: skip
 
         async def apps() -> list[str]:
             async with aiohttp.ClientSession(headers=operator_headers()) as http:
@@ -229,6 +234,7 @@ def test_farm_stream_serves_registers_and_unregisters(
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
         assert conn.hget(keys.STREAM_SERVICES, line["device_id"]) is None
+        assert registry.get(listed.name) is None, "a service that stops leaves the list"
         conn.close()
     finally:
         if proc.poll() is None:
@@ -328,6 +334,16 @@ def test_a_gpu_service_accounts_nvenc_sessions_and_vram_on_its_gpu(
         asyncio.run(body(service.url, service.device.index))
         (live,) = service.sessions.values()
         assert live.pipeline is not None and live.pipeline.encoder.options["gpu"] == "0"
+        # its next heartbeat puts its session and its GPU's utilisation on the workers page
+        service.nvml.set_usage(0, utilization_pct=37)  # type: ignore[union-attr]
+        service._register()
+        conn = redis.Redis.from_url(redis_url, decode_responses=True)
+        listed = workerstate.registry_for(conn, settings).get(service.name)
+        conn.close()
+        assert listed is not None
+        assert (listed.kind, listed.device_class, listed.state, listed.task) == (
+            "stream", "t4", "streaming", "1 session")  # fmt: skip
+        assert listed.utilization_pct == 37
 
 
 def test_a_gpu_without_nvenc_refuses_streams_for_good(stream_settings: Settings) -> None:

@@ -169,7 +169,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         log_level="DEBUG", nvml="real", cpu_render_slots=2, cpu_encode_sessions=3,
         gpu_render_slots=4, encoder_sessions_per_engine=6, host_encoder_budget=8,
         device_overrides='{"t4": {"render_slots": 1}}', render_vram_floor_mib=512,
-        lease_ttl_s=2.5, agent_timeout_s=4.5,
+        lease_ttl_s=2.5, agent_timeout_s=4.5, worker_silent_s=9.0, worker_retention_s=600.0,
         storage_url="s3://b/p", s3_endpoint_url="http://m:9000", s3_region="eu-west-1",
         s3_addressing_style="path", s3_storage_class="GLACIER_IR", s3_sse="aws:kms",
         s3_kms_key_id="k", s3_checksum="when_required", s3_multipart_threshold_mib=64,

@@ -1,5 +1,6 @@
 // Job page: live tile grid per frame from the job's server-sent events, thumbnails, log, actions.
 import { api, el, $, badge, progressBar, fmtBytes, fmtFrames, fmtTime, fmtDuration, startPage, toast, withButton } from "./app.js";
+import { waitingNote, watchWaiting } from "./waiting.js";
 
 const FINAL = new Set(["done", "failed", "canceled"]);
 const jobId = decodeURIComponent(location.pathname.replace(/^\/jobs\//, "").replace(/\/$/, ""));
@@ -201,6 +202,8 @@ function drawNotes() {
     notes.push(el("div", { class: "callout warn" }, el("strong", {}, "Scripts blocked"),
       "This file wanted to run Python (auto-run scripts or drivers); it rendered with scripts off."));
   }
+  const waiting = waitingNote(job);
+  if (waiting) notes.push(waiting);
   for (const w of job.warnings || []) notes.push(el("div", { class: "callout warn" }, w));
   if (filesError) {
     notes.push(el("div", { class: "callout bad", id: "files-error" }, el("strong", {}, "Cannot list the frame files"), filesError));
@@ -421,6 +424,7 @@ if (page) {
     $("#set-priority").addEventListener("click", setPriority);
     loadFiles();
     connect(); // a finished job's stream replays its log and ends
+    watchWaiting(base, () => job, drawNotes);
     document.body.dataset.ready = "1"; // handlers attached (tests wait for this)
   }
 }
