@@ -196,6 +196,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         stream_capture_retries=5, stream_encode_mpx_s=100.0, stream_resize_max_width=1280,
         stream_resize_max_height=720, stream_file_max_mib=8, stream_audio=0,
         s3_public_url="https://s3.example", data_dir=Path("/d"), web_farm_metrics="off",
+        worker_tags="big,lic", tag_limits='{"lic": 2}', blocklist_failures=5,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):
