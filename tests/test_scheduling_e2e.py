@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,10 @@ def _ended(e: Event) -> bool:
     return e.type == "job_state" and e.state in ("done", "failed", "canceled")
 
 
+def _ready(w: WorkerProcess) -> bool:
+    return "event=worker_ready" in w.log_text()
+
+
 def _tiles_done_by(w: WorkerProcess, job_id: str) -> int:
     return w.log_text().count(f"event=tile_done job={job_id} ")
 
@@ -79,7 +84,7 @@ def farm(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) ->
     rq_conn = queue.connect(url)
     try:
         for w in workers.values():
-            until(lambda w=w: "event=worker_ready" in w.log_text(), TIMEOUT_S, f"{w.name} ready")
+            until(partial(_ready, w), TIMEOUT_S, f"{w.name} ready")
         yield Farm(settings, store, rq_conn, source, tmp, workers)
     finally:
         for w in workers.values():

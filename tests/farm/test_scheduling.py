@@ -5,7 +5,6 @@ failed and healed by the sweep's recheck."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +44,7 @@ def _job(farm: tuple[JobStore, RenderQueue], project: str = "A", **options: Any)
 
 def _picks(queue: RenderQueue, picker: Picker, most: int = 50) -> list[str]:
     """The rq ids a worker with ``picker`` takes, one after another, until it finds none."""
-    cls = type("_Q", (_BandedQueue,), {"picker": picker})
+    cls: type[_BandedQueue] = type("_Q", (_BandedQueue,), {"picker": picker})
     out = []
     for _ in range(most):
         got = cls.dequeue_any([cls(queue.queue.name, connection=queue.conn)], None, queue.conn)
@@ -117,7 +116,7 @@ def test_first_last_middle_then_the_rest_in_order() -> None:
 def test_tagged_tiles_go_only_to_workers_with_every_tag_in_frame_order(
     farm: tuple[JobStore, RenderQueue],
 ) -> None:
-    store, queue = farm
+    _, queue = farm
     tagged = _job(farm, frames="1-5", tags="big,gpu-a", frame_order="first-last-middle")
     plain = _job(farm)
     # a worker with one of the two tags, and one with none, take the untagged job only

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from farm import blocklist, jobstore, keys
 from farm.settings import Settings
@@ -34,20 +35,21 @@ async def test_tags_dependencies_and_frame_order_through_the_api(
     _uploaded(web_settings, "A")
     async with api(web_settings) as client:
         alice = bearer(tokens.alice)
-        for extra, says in [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"tags": "Big RAM"}, "tag 'Big RAM' must be 1 to 32 lower-case"),
             ({"depends_on": [foreign]}, f"there is no job {foreign} in project A"),
             ({"depends_on": unknown}, f"there is no job {unknown} in project A"),
             ({"depends_on": "not-a-job"}, "'not-a-job' is not a job id"),
             ({"frame_order": "backwards"}, "frame order 'backwards'"),
-        ]:
+        ]
+        for extra, says in cases:
             body = {"project": "A", "upload_id": SHA, **extra}
             resp = await client.post("/api/jobs", json=body, headers=alice)
             assert resp.status == 400, await resp.text()
             assert says in (await resp.json())["error"]["message"]
-        body = {"project": "A", "upload_id": SHA, "tags": ["big", "lic"], "depends_on": [first],
-                "frame_order": "first-last-middle"}  # fmt: skip
-        resp = await client.post("/api/jobs", json=body, headers=alice)
+        good: dict[str, Any] = {"project": "A", "upload_id": SHA, "tags": ["big", "lic"]}
+        good.update(depends_on=[first], frame_order="first-last-middle")
+        resp = await client.post("/api/jobs", json=good, headers=alice)
         assert resp.status == 201, await resp.text()
         job = await resp.json()
         assert job["state"] == "waiting"
