@@ -122,7 +122,9 @@ class WorkerContext:
         for job_id in sorted({t.job_id for t in pushes}):
             mine = [t for t in pushes if t.job_id == job_id]
             try:
-                self.queue.stage_tiles(mine, self.spec(job_id).tile_timeout_s)
+                # the job's own class: a requeued (or released) GPU tile never lands on CPUs
+                spec = self.spec(job_id)
+                RenderQueue(self.queue.conn, spec.device).stage_tiles(mine, spec.tile_timeout_s)
                 self.store.confirm_pushed(mine)
             except Exception as exc:  # one job's failure must not keep the others' tiles waiting
                 log.warning("event=sweep_push_failed job=%s tiles=%d error=%r", job_id,
