@@ -197,6 +197,10 @@ function drawNotes() {
   } else if (job.state === "canceled") {
     notes.push(el("div", { class: "callout" }, el("strong", {}, "Canceled"), job.reason || "The job was canceled."));
   }
+  if (job.state === "waiting") {
+    notes.push(el("div", { class: "callout" }, el("strong", {}, "Waiting"),
+      `Its tiles are queued once ${((job.spec || {}).depends_on || []).join(", ")} ${((job.spec || {}).depends_on || []).length > 1 ? "are" : "is"} done.`));
+  }
   if (job.scripts_blocked) {
     notes.push(el("div", { class: "callout warn" }, el("strong", {}, "Scripts blocked"),
       "This file wanted to run Python (auto-run scripts or drivers); it rendered with scripts off."));
