@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from rq.exceptions import DequeueTimeout
 
 from farm import blocklist, dependencies, keys, submission, tagslots
 from farm.accept import accept
@@ -171,6 +172,22 @@ def test_a_blocklisted_worker_passes_over_the_jobs_tiles_and_others_take_them(
     assert blocklist.clear(store.conn, bad, "alice") == 1
     assert blocklist.entries(store.conn, bad) == []
     assert len(_picks(queue, Picker("w1"))) == 3
+
+
+def test_a_blocklisted_worker_with_only_the_jobs_tiles_waiting_neither_takes_nor_spins(
+    farm: tuple[JobStore, RenderQueue],
+) -> None:
+    store, queue = farm
+    bad = _job(farm, frames="1-3")
+    blocklist.record_failure(store.conn, bad, "w1", threshold=1)
+    cls: type[_BandedQueue] = type("_Q", (_BandedQueue,), {"picker": Picker("w1")})
+    store.conn.config_resetstat()
+    with pytest.raises(DequeueTimeout):
+        cls.dequeue_any([cls(queue.queue.name, connection=queue.conn)], 2, queue.conn)
+    assert len(queue.waiting_ids()) == 3
+    # it looked about once a second (BLOCKED_RETRY_S), not in a loop
+    picks = store.conn.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert 1 <= picks <= 4, picks
 
 
 # --- dependencies -------------------------------------------------------------------------------
