@@ -104,8 +104,10 @@ class RenderQueue:
         band.enqueue_many(datas, pipeline=pipe)
         if band is not self.queue:
             # workers waiting for work block on the class's own queue: ring it (for a tag set,
-            # ring every idle worker: one without the tags takes a wake and goes back to sleep)
-            wakes = _MAX_WAKES if tags else min(len(datas), _MAX_WAKES)
+            # ring every live worker: one without the tags takes a wake and goes back to sleep;
+            # a wake left over counts in the queue's depth, so no more than that)
+            wanted = max(len(datas), live_workers(self.conn, self.device_class) if tags else 0)
+            wakes = min(wanted, _MAX_WAKES)
             self._wake(
                 keys=[self.queue.key, self.bands_key], args=[band.key, priority, wakes], client=pipe
             )
