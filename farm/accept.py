@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from farm import delivery, submission
+from farm import delivery, dependencies, submission
 from farm.jobstore import JobStore
 from farm.models import BlendSource, InspectionReport, JobSpec
 from farm.queue import RenderQueue
@@ -65,6 +65,7 @@ def accept(
     # the submitter's role in the project: every tile's lease obeys its device policy
     spec = dataclasses.replace(spec, role=role)
     delivery.check_output(spec, settings)
+    dependencies.check(store, spec)
     scripts_blocked = report.autoexec_fail
 
     def create() -> str:

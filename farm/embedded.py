@@ -26,6 +26,7 @@ from farm.redisserver import RedisServer
 from farm.settings import Settings
 from farm.states import JOB_FINAL, JobState
 from farm.storage.base import sha256_file
+from farm.tags import parse_tags, worker_tags
 
 log = logging.getLogger("tessera.embedded")
 
@@ -167,6 +168,10 @@ def render(
                 cpu_threads=settings.cpu_threads or threads_per_worker(workers),
                 # the local workers split the cores between them: one render slot each
                 cpu_render_slots=settings.cpu_render_slots or workers,
+                # this farm's workers are the job's own: they have whatever tags it asks for
+                worker_tags=",".join(
+                    sorted(worker_tags(settings.worker_tags) | set(parse_tags(req.tags or "")))
+                ),
             )
             (root / "logs").mkdir()
             pool = LocalWorkers(local, workers, root / "logs", (req.project, blend.parent))

@@ -74,3 +74,18 @@ def format_frames(frames: list[int]) -> str:
         if f is not None:
             start = prev = f
     return ",".join(parts)
+
+
+#: the orders a job's frames may be queued in: as listed, or its first, last and middle frames
+#: first (problems show early: Blender Studio's job type does this), then the rest as listed
+FRAME_ORDERS = ("sequential", "first-last-middle")
+
+
+def ordered_frames(frames: list[int] | tuple[int, ...], order: str) -> list[int]:
+    """``frames`` in the order their tiles are queued."""
+    frames = list(frames)
+    if order != "first-last-middle" or len(frames) < 3:
+        return frames
+    first = [frames[0], frames[-1], frames[len(frames) // 2]]
+    head = list(dict.fromkeys(first))
+    return head + [f for f in frames if f not in set(head)]

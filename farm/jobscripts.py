@@ -29,9 +29,97 @@ def _lua_moves(table: Mapping[S, frozenset[S]]) -> str:
 
 #: the keys the scripts find by name (not given in KEYS), as farm.keys spells them
 KEYS_LUA = keys.lua(
-    "job", "tiles", "events", "assembling", "lease", "frame_counts", "delivered", "JOBS_ENDED",
-    "WEBHOOK_OUTBOX", "WEBHOOK_PROJECTS",
-)  # fmt: skip
+    "job",
+    "tiles",
+    "events",
+    "assembling",
+    "lease",
+    "frame_counts",
+    "delivered",
+    "JOBS_ENDED",
+    "dependents",
+    "blocklist",
+    "worker_blocked",
+    "WAITING",
+    "RELEASED",
+    "WEBHOOK_OUTBOX",
+    "WEBHOOK_PROJECTS",
+)
+
+#: What waiting for other jobs does inside the prelude (after ``job_move`` and ``end_tiles``):
+#: a released job is queued, its tiles named in REQUEUED as due at once (the sweep pushes those
+#: the releaser did not) and its id put on RELEASED for whoever pushes them now
+#: (farm.dependencies); a job that ends counts down or fails the jobs waiting for it.
+DEPENDENCIES_LUA = """
+local function release_job(jid, ts)
+  if not job_move(keys.job(jid), keys.events(jid), jid, 'queued', ts, '') then return end
+  redis.call('ZREM', keys.WAITING, jid)
+  local all = redis.call('HGETALL', keys.tiles(jid))
+  for i = 1, #all, 2 do
+    local _, colons = string.gsub(all[i], ':', '')
+    if colons == 1 and all[i + 1] == 'queued' then
+      redis.call('ZADD', REQUEUED, ts, jid .. '|' .. all[i])
+    end
+  end
+  redis.call('RPUSH', keys.RELEASED, jid)
+end
+
+-- a dependency that is not done: nil while it may still finish, else why the waiter fails
+local function dependency_lost(d)
+  local st = redis.call('HGET', keys.job(d), 'state')
+  if not st then return 'dependency ' .. d .. ' no longer exists' end
+  if st == 'failed' or st == 'canceled' then return 'dependency ' .. d .. ' ' .. st end
+  return nil
+end
+
+local function fail_waiting(jid, ts, why)
+  redis.call('ZREM', keys.WAITING, jid)
+  job_move(keys.job(jid), keys.events(jid), jid, 'failed', ts, why)
+  end_tiles(jid)
+end
+
+-- done counts a waiting job's dependencies down (released at 0); failed or canceled fails it
+-- with the reason, and its own dependents with it (job_move calls this again for them)
+on_final = function(jid, new, ts)
+  local dk = keys.dependents(jid)
+  for _, d in ipairs(redis.call('SMEMBERS', dk)) do
+    local djk = keys.job(d)
+    if redis.call('HGET', djk, 'state') == 'waiting' then
+      if new ~= 'done' then
+        fail_waiting(d, ts, 'dependency ' .. jid .. ' ' .. new)
+      elseif redis.call('HINCRBY', djk, 'deps_left', -1) <= 0 then
+        release_job(d, ts)
+      end
+    end
+  end
+  redis.call('DEL', dk)
+end
+
+-- count a waiting job's dependencies again from its spec: fail, release or wait
+local function check_waiting(jid, ts)
+  local jk = keys.job(jid)
+  local spec = cjson.decode(redis.call('HGET', jk, 'spec'))
+  local left = 0
+  for _, d in ipairs(spec['depends_on'] or {}) do
+    if redis.call('HGET', keys.job(d), 'state') ~= 'done' then
+      local why = dependency_lost(d)
+      if why then
+        fail_waiting(jid, ts, why)
+        return 'failed'
+      end
+      redis.call('SADD', keys.dependents(d), jid)
+      left = left + 1
+    end
+  end
+  redis.call('HSET', jk, 'deps_left', left)
+  if left == 0 then
+    release_job(jid, ts)
+    return 'released'
+  end
+  redis.call('ZADD', keys.WAITING, 'NX', ts, jid)
+  return 'waiting'
+end
+"""
 
 PRELUDE = f"""
 {KEYS_LUA}
@@ -54,6 +142,9 @@ local function event(evk, fields)
   redis.call('XADD', evk, 'MAXLEN', '~', 100000, '*', unpack(fields))
 end
 
+-- what a job's end does to the jobs waiting for it (defined below, farm.dependencies)
+local on_final
+
 -- Move the job to `new` if the table allows it; returns true when it moved (or was there).
 local function job_move(jk, evk, jid, new, ts, reason)
   local old = redis.call('HGET', jk, 'state')
@@ -70,7 +161,10 @@ local function job_move(jk, evk, jid, new, ts, reason)
   end
   if reason ~= '' then redis.call('HSET', jk, 'reason', reason) end
   event(evk, {{'type', 'job_state', 'job_id', jid, 'ts', ts, 'state', new, 'message', reason, 'v', '1'}})
-  if FINAL[new] then notify(jk, jid, 'job.' .. new, ts, '', reason) end
+  if FINAL[new] then
+    notify(jk, jid, 'job.' .. new, ts, '', reason)
+    on_final(jid, new, ts)
+  end
   return true
 end
 
@@ -104,7 +198,38 @@ local function end_tiles(jid)
     end
   end
 end
+{DEPENDENCIES_LUA}
 """
+
+# KEYS: job   ARGV: jid, ts
+# A job accepted as waiting (in the transaction that creates it) is linked to its dependencies:
+# 'waiting', 'released' (all done already) or 'failed' (one failed, was canceled or is gone).
+LINK_DEPENDENCIES = (
+    PRELUDE
+    + """
+if redis.call('HGET', KEYS[1], 'state') ~= 'waiting' then return 'not_waiting' end
+return check_waiting(ARGV[1], ARGV[2])
+"""
+)
+
+# ARGV: ts, limit
+# The sweep's pass over waiting jobs: each is counted again (a move that was lost, a dependency
+# trimmed away), and one no longer waiting leaves the index. Returns how many were released or
+# failed.
+RECHECK_WAITING = (
+    PRELUDE
+    + """
+local moved = 0
+for _, jid in ipairs(redis.call('ZRANGE', keys.WAITING, 0, tonumber(ARGV[2]) - 1)) do
+  if redis.call('HGET', keys.job(jid), 'state') ~= 'waiting' then
+    redis.call('ZREM', keys.WAITING, jid)
+  elseif check_waiting(jid, ARGV[1]) ~= 'waiting' then
+    moved = moved + 1
+  end
+end
+return moved
+"""
+)
 
 # KEYS: job, tiles, events   ARGV: jid, frame, index, attempt, ts, deadline
 START_TILE = (
@@ -113,6 +238,8 @@ START_TILE = (
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'no_job' end
 if FINAL[st] then return 'job_' .. st end
+-- a waiting job's tiles are pushed when it is released; a copy found early is not started
+if st == 'waiting' then return 'job_waiting' end
 local tile = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HGET', KEYS[2], tile) ~= 'queued' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
@@ -450,8 +577,11 @@ for _, jid in ipairs(redis.call('ZRANGEBYSCORE', keys.JOBS_ENDED, '-inf', ARGV[1
   redis.call('ZREM', keys.JOBS_ENDED, jid)
   local jk = keys.job(jid)
   if FINAL[redis.call('HGET', jk, 'state') or ''] then
+    for _, name in ipairs(redis.call('HKEYS', keys.blocklist(jid))) do
+      redis.call('SREM', keys.worker_blocked(name), jid)
+    end
     redis.call('DEL', keys.tiles(jid), keys.frame_counts(jid), keys.assembling(jid),
-               keys.events(jid), keys.delivered(jid))
+               keys.events(jid), keys.delivered(jid), keys.dependents(jid), keys.blocklist(jid))
     redis.call('HSET', jk, 'trimmed_s', ARGV[3])
     trimmed = trimmed + 1
   end

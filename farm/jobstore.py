@@ -96,12 +96,14 @@ class JobStore:
         per_frame = spec.tasks_per_frame
         now = self.clock()
         tasks = [TileTask(job_id, f, i, 1) for f in spec.frames for i in range(per_frame)]
+        # a job with dependencies waits for them (farm.dependencies): its tiles are not pushed
+        state = JobState.WAITING if spec.depends_on else JobState.QUEUED
         pipe.hset(
             keys.job(job_id),
             mapping={
                 "spec": spec.to_json(),
                 "project": spec.project,
-                "state": JobState.QUEUED.value,
+                "state": state.value,
                 "reason": "",
                 "created_s": now,
                 "tiles_total": len(tasks),
@@ -121,7 +123,7 @@ class JobStore:
         pipe.hset(keys.tiles(job_id), mapping=tile_fields)
         pipe.zadd(keys.JOBS, {job_id: now})
         pipe.zadd(keys.project_jobs(spec.project), {job_id: now})
-        event = Event("job_state", job_id, now, state=JobState.QUEUED.value)
+        event = Event("job_state", job_id, now, state=state.value)
         pipe.xadd(keys.events(job_id), event.to_fields())
         # the webhooks' job.submitted, in the same MULTI (an outbox entry only with a hook)
         self._submitted(keys=[keys.job(job_id)], args=[job_id, now], client=pipe)

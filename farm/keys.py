@@ -76,6 +76,43 @@ def render_bands(device_class: str) -> str:
     return f"{PREFIX}:bands:{device_class}"
 
 
+# --- scheduling: dependencies, blocklists, tag limits ------------------------------------------
+
+#: sorted set: job id -> when accepted, of jobs waiting for their dependencies (the sweep
+#: re-checks them)
+WAITING = f"{PREFIX}:waiting"
+#: list of job ids whose dependencies are all done: their tiles are to be pushed to the queue
+#: (whoever made the move pushes them at once; the sweep pushes them if it did not)
+RELEASED = f"{PREFIX}:released"
+
+
+def dependents(job_id: str) -> str:
+    """Set: the waiting jobs that depend on this job."""
+    return f"{PREFIX}:job:{job_id}:dependents"
+
+
+def blocklist(job_id: str) -> str:
+    """Hash: worker -> counted tile failures of the job on it; ``worker:b`` -> when it was
+    blocklisted (epoch s) once the failures reached FARM_BLOCKLIST_FAILURES."""
+    return f"{PREFIX}:job:{job_id}:blocklist"
+
+
+def worker_blocked(worker: str) -> str:
+    """Set: the jobs a worker is blocklisted for (its queue pick skips their tiles)."""
+    return f"{PREFIX}:worker:{worker}:blocked"
+
+
+def worker_tags(worker: str) -> str:
+    """String with a TTL: a live worker's tags (comma-separated), renewed by its sweep."""
+    return f"{PREFIX}:worker:{worker}:tags"
+
+
+def tag_slots(tag: str) -> str:
+    """Sorted set: the tile attempts of jobs with this tag that hold one of its FARM_TAG_LIMITS
+    slots -> the slot's expiry (epoch s), renewed with the tile's lease."""
+    return f"{PREFIX}:tag-slots:{tag}"
+
+
 # --- the slot allocator ------------------------------------------------------------------------
 
 #: set of every registered device id

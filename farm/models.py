@@ -54,6 +54,8 @@ MAX_PRIORITY = 1000
 MAX_OVERLAP_PX = 1024
 #: the most workers one still is sample-split between
 MAX_SPLIT_PARTS = 64
+#: the most jobs one job may wait for
+MAX_DEPENDS_ON = 16
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,12 @@ JOB_OPTIONS: dict[str, JobOption] = {
                   "renders on the CPU instead of failing", default=False),
         JobOption("preview", (bool,), "deliver an MP4 preview of an animation's frames",
                   default=True, flag="--no-preview"),
+        JobOption("tags", (str, list), "tags a worker must all have to render the job, e.g. "
+                  "big-ram,houdini (default: none, any worker of the device)"),
+        JobOption("depends_on", (str, list), "ids of jobs of the same project this job waits "
+                  f"for (at most {MAX_DEPENDS_ON}); it fails when one of them fails"),
+        JobOption("frame_order", (str,), "sequential, or first-last-middle: those three frames "
+                  "first, then the rest", default="sequential"),
     )
 }  # fmt: skip
 
@@ -236,6 +244,12 @@ class JobSpec:
     #: the submitter's role in ``project``: each tile's lease asks the allocator as that role,
     #: so the project's device policy holds on every worker; empty for an operator's (CLI) job
     role: str = ""
+    #: a worker renders the job's tiles only if it has every one of these tags (farm.tags)
+    tags: tuple[str, ...] = ()
+    #: jobs (same project) that must be done before this one's tiles are queued
+    depends_on: tuple[str, ...] = ()
+    #: "sequential" or "first-last-middle": the order the frames' tiles are queued in
+    frame_order: str = default_of("frame_order")
     v: int = SCHEMA_VERSION
 
     @property
@@ -254,6 +268,8 @@ class JobSpec:
         data = asdict(self)
         data["frames"] = list(self.frames)
         data["formats"] = list(self.formats)
+        data["tags"] = list(self.tags)
+        data["depends_on"] = list(self.depends_on)
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -263,6 +279,8 @@ class JobSpec:
         data["source"] = BlendSource.from_dict(data["source"])
         data["frames"] = tuple(data["frames"])
         data["formats"] = tuple(data["formats"])
+        data["tags"] = tuple(data.get("tags", ()))
+        data["depends_on"] = tuple(data.get("depends_on", ()))
         return cls(**data)
 
 

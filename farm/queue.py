@@ -12,10 +12,12 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from rq import Queue, SimpleWorker
+from rq import Queue, SimpleWorker, Worker
+from rq.exceptions import DequeueTimeout
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.utils import as_text, now
@@ -25,6 +27,7 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 from farm import keys, redisclient
 from farm.models import BlendSource, TileTask
 from farm.redisclient import Redis, guard
+from farm.tags import band_suffix
 
 TILE_TASK = "workers.tasks.render_tile"
 ASSEMBLE_TASK = "workers.tasks.assemble_frame"
@@ -57,11 +60,13 @@ class RenderQueue:
         self._wake = conn.register_script(_WAKE)
         self._move = conn.register_script(_MOVE)
 
-    def band(self, priority: int) -> Queue:
-        """The rq queue holding the waiting tiles of one priority (0: the class's own queue)."""
-        if not priority:
+    def band(self, priority: int, tags: tuple[str, ...] = ()) -> Queue:
+        """The rq queue holding the waiting tiles of one priority (0: the class's own queue)
+        of the jobs with ``tags`` (a tag set's bands are its own: only workers with every tag
+        of the set look into them, see ``_PICK``)."""
+        if not priority and not tags:
             return self.queue
-        return Queue(f"{self.queue.name}-p{priority}", connection=self.conn)
+        return Queue(f"{self.queue.name}-p{priority}{band_suffix(tags)}", connection=self.conn)
 
     def stage_tiles(
         self,
@@ -69,17 +74,19 @@ class RenderQueue:
         timeout_s: float,
         pipeline: Any = None,
         priority: int | None = None,
+        tags: tuple[str, ...] = (),
     ) -> None:
-        """Push tile attempts into their job's priority band; with ``pipeline`` the pushes join
-        the caller's transaction. ``priority`` None: read each job's (a retry, a requeue).
-        An attempt named twice is pushed once: rq refuses an id twice in one push."""
+        """Push tile attempts into their job's priority band (of its tags); with ``pipeline``
+        the pushes join the caller's transaction. ``priority`` None: read each job's priority
+        and tags (a retry, a requeue). An attempt named twice is pushed once: rq refuses an id
+        twice in one push."""
         tasks = list({t.rq_id: t for t in tasks}.values())
         if priority is None:
-            by_job: dict[int, list[TileTask]] = {}
+            by_job: dict[tuple[int, tuple[str, ...]], list[TileTask]] = {}
             for t in tasks:
-                by_job.setdefault(self._job_priority(t.job_id), []).append(t)
-            for p, mine in by_job.items():
-                self.stage_tiles(mine, timeout_s, pipeline, p)
+                by_job.setdefault(self._job_placement(t.job_id), []).append(t)
+            for (p, job_tags), mine in by_job.items():
+                self.stage_tiles(mine, timeout_s, pipeline, p, job_tags)
             return
         datas = [
             Queue.prepare_data(
@@ -95,23 +102,28 @@ class RenderQueue:
         ]
         if not datas:
             return
-        band = self.band(priority)
+        band = self.band(priority, tags)
         pipe = pipeline if pipeline is not None else self.conn.pipeline()
         band.enqueue_many(datas, pipeline=pipe)
         if band is not self.queue:
-            # workers waiting for work block on the class's own queue: ring it
-            wakes = min(len(datas), _MAX_WAKES)
+            # workers waiting for work block on the class's own queue: ring it (for a tag set,
+            # ring every live worker: one without the tags takes a wake and goes back to sleep;
+            # a wake left over counts in the queue's depth, so no more than that)
+            wanted = max(len(datas), live_workers(self.conn, self.device_class) if tags else 0)
+            wakes = min(wanted, _MAX_WAKES)
             self._wake(
                 keys=[self.queue.key, self.bands_key], args=[band.key, priority, wakes], client=pipe
             )
         if pipeline is None:
             guard(pipe.execute)
 
-    def _job_priority(self, job_id: str) -> int:
+    def _job_placement(self, job_id: str) -> tuple[int, tuple[str, ...]]:
+        """A job's priority and tags: which band its tiles wait in."""
         text = guard(self.conn.hget, keys.job(job_id), "spec")
         if text is None:
-            return 0
-        return int(json.loads(text).get("priority", 0))
+            return 0, ()
+        spec = json.loads(text)
+        return int(spec.get("priority", 0)), tuple(spec.get("tags", ()))
 
     def enqueue_assembly(self, job_id: str, frame: int, timeout_s: float, attempt: int = 1) -> None:
         # at the front: a finished frame is worth more to the user than one more tile. Each
@@ -160,7 +172,7 @@ class RenderQueue:
         New jobs go straight into their band when staged (no reordering at submission); a
         change reads the waiting tasks of the class once (a user's action, not a hot path).
         """
-        band = self.band(priority)
+        band = self.band(priority, self._job_placement(job_id)[1])
         guard(self._move, keys=[self.queue.key, self.bands_key, band.key],
               args=[f"tile-{job_id}-", priority, _MAX_WAKES])  # fmt: skip
 
@@ -175,11 +187,20 @@ class RenderQueue:
         for key, score in bands:
             if score > 0:
                 out += [as_text(i) for i in guard(self.conn.lrange, key, 0, -1)]
+        for key, score in bands:
+            if score == 0:  # a tag set's bands of priority 0
+                out += [as_text(i) for i in guard(self.conn.lrange, key, 0, -1)]
         out += [i for i in ids[front:] if i != _WAKE_ID]
         for key, score in bands:
             if score < 0:
                 out += [as_text(i) for i in guard(self.conn.lrange, key, 0, -1)]
         return out
+
+    def ring(self) -> None:
+        """Wake the class's idle workers (blocked on its own queue) to look at the bands
+        again: a blocklist was cleared, so tiles they passed over may be theirs now."""
+        if not guard(self.conn.llen, self.queue.key):
+            guard(self.conn.rpush, self.queue.key, *([_WAKE_ID] * _MAX_WAKES))
 
     def depth(self) -> int:
         """Tasks waiting in every band of the class."""
@@ -199,7 +220,7 @@ class RenderQueue:
 
 
 #: the suffix of a priority band's queue name (``tessera-render-gpu-p5``)
-_BAND_NAME = re.compile(r"-p-?\d+$")
+_BAND_NAME = re.compile(r"-p-?\d+(~[^~]*)?$")
 #: the id of a task that is no task: pushed onto a class's queue to wake blocked workers
 _WAKE_ID = "wake"
 #: wake at most this many blocked workers per push into a band
@@ -245,33 +266,111 @@ return #moved
 
 #: A worker's next task, moved (as rq's reliable dequeue does) onto its queue's intermediate
 #: list: a task at the front of the class's own queue that is not a tile (an assembly, an
-#: inspection, a wake), else the head of the highest band above 0, the class's own queue, the
-#: bands below 0. Empty bands leave the index. KEYS: the class's own queue, the bands index.
+#: inspection, a wake), else the head of the highest band above 0, a tag set's band of 0, the
+#: class's own queue, the bands below 0. Empty bands leave the index.
+#: A tag set's band (``...-p5~a+b``) is looked into only by a worker with every tag of it, and
+#: only while each limited tag of it has a free slot (FARM_TAG_LIMITS: the slot is taken here,
+#: in the same step, until the tile's lease would expire; renewed with it, freed at its end).
+#: Tiles of jobs the worker is blocklisted for (KEYS[3]) are left where they are: the first
+#: ARGV[4] of a band are looked at for one of another job.
+#: KEYS: the class's own queue, the bands index, the worker's blocklisted jobs.
+#: ARGV: the worker's tags (comma-separated), the tag limits (JSON), slot lease (s), scan depth.
 #: Returns {queue key, task id} or nil.
-_PICK = """
+_PICK = (
+    keys.lua("tag_slots")
+    + """
+local mine = {}
+for t in string.gmatch(ARGV[1], '[^,]+') do mine[t] = true end
+local limits = cjson.decode(ARGV[2])
+local blocked = redis.call('SMEMBERS', KEYS[3])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+local function tags_of(key)
+  local out = {}
+  local at = string.find(key, '~', 1, true)
+  if at then
+    for t in string.gmatch(string.sub(key, at + 1), '[^+]+') do table.insert(out, t) end
+  end
+  return out
+end
+local function open_to_me(key)
+  for _, t in ipairs(tags_of(key)) do
+    if not mine[t] then return false end
+    if limits[t] then
+      local slots = keys.tag_slots(t)
+      redis.call('ZREMRANGEBYSCORE', slots, '-inf', '(' .. now)
+      if redis.call('ZCARD', slots) >= tonumber(limits[t]) then return false end
+    end
+  end
+  return true
+end
+local function is_blocked(id)
+  for _, j in ipairs(blocked) do
+    local prefix = 'tile-' .. j .. '-'
+    if string.sub(id, 1, #prefix) == prefix then return true end
+  end
+  return false
+end
 local function take(key)
-  local id = redis.call('LMOVE', key, key .. ':intermediate', 'LEFT', 'RIGHT')
-  if id then return {key, id} end
-  return nil
+  local id = nil
+  if #blocked == 0 then
+    id = redis.call('LMOVE', key, key .. ':intermediate', 'LEFT', 'RIGHT')
+  else
+    for _, candidate in ipairs(redis.call('LRANGE', key, 0, tonumber(ARGV[4]) - 1)) do
+      if not is_blocked(candidate) then
+        redis.call('LREM', key, 1, candidate)
+        redis.call('RPUSH', key .. ':intermediate', candidate)
+        id = candidate
+        break
+      end
+    end
+  end
+  if not id then return nil end
+  for _, t in ipairs(tags_of(key)) do
+    if limits[t] then redis.call('ZADD', keys.tag_slots(t), now + tonumber(ARGV[3]), id) end
+  end
+  return {key, id}
 end
 local head = redis.call('LINDEX', KEYS[1], 0)
 if head and string.sub(head, 1, 5) ~= 'tile-' then return take(KEYS[1]) end
 local function bands(lo, hi)
   for _, key in ipairs(redis.call('ZREVRANGEBYSCORE', KEYS[2], hi, lo)) do
-    local got = take(key)
-    if got then return got end
-    redis.call('ZREM', KEYS[2], key)
+    if open_to_me(key) then
+      local got = take(key)
+      if got then return got end
+    end
+    if redis.call('LLEN', key) == 0 then redis.call('ZREM', KEYS[2], key) end
   end
   return nil
 end
-return bands('(0', '+inf') or take(KEYS[1]) or bands('-inf', '(0')
+return bands('(0', '+inf') or bands(0, 0) or take(KEYS[1]) or bands('-inf', '(0')
 """
+)
+
+#: how many waiting tiles of a band a blocklisted worker looks past for one it may take
+BLOCKED_SCAN_DEPTH = 200
+#: seconds a worker waits before it looks again, when the only waiting tiles of its own
+#: queue are of jobs it is blocklisted for (it cannot block on the queue: it would take them)
+BLOCKED_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Picker:
+    """What one worker's pick needs to know of it: its name (its blocklist), its tags and the
+    farm's tag limits, and how long a tag's slot lasts unless renewed (the tile lease)."""
+
+    worker: str = ""
+    tags: frozenset[str] = frozenset()
+    limits: dict[str, int] = field(default_factory=dict)
+    slot_lease_s: float = 15.0
 
 
 class _BandedQueue(Queue):
     """rq's queue with the farm's dequeue: one worker listens to its class's queue only (so
     rq keeps its reliable dequeue and intermediate-list bookkeeping), and each take looks at
     the class's priority bands first (``_PICK``), in one step."""
+
+    picker = Picker()
 
     @classmethod
     def dequeue_any(
@@ -286,15 +385,36 @@ class _BandedQueue(Queue):
         (base,) = queues
         pick = connection.register_script(_PICK)
         bands_key = keys.render_bands(base.name.removeprefix(keys.render_queue("")))
+        me = cls.picker
+        blocked_key = keys.worker_blocked(me.worker)
+        tags = ",".join(sorted(me.tags))
+        args: list[str | float] = [tags, json.dumps(me.limits), me.slot_lease_s, BLOCKED_SCAN_DEPTH]
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            got = pick(keys=[base.key, bands_key])
+            got = pick(keys=[base.key, bands_key, blocked_key], args=args)
             if got is None:
-                if timeout is None:
+                if deadline is None:
                     return None
-                got = cls.lmove(connection, base.key, timeout)  # raises DequeueTimeout
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DequeueTimeout(timeout, base.key)
+                if connection.llen(base.key):
+                    # only tiles this worker is blocklisted for wait on its own queue: a
+                    # blocking take would take them, so look again a little later
+                    time.sleep(min(BLOCKED_RETRY_S, left))
+                    continue
+                got = cls.lmove(connection, base.key, max(1, int(left)))  # raises DequeueTimeout
             queue_key, job_id = as_text(got[0]), as_text(got[1])
             if job_id == _WAKE_ID:
                 connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
+                continue
+            if connection.sismember(blocked_key, _job_of(job_id)):
+                # the blocking take found a tile of a job this worker is blocklisted for: it
+                # goes back to the front, untouched (no attempt is counted)
+                pipe = connection.pipeline()
+                pipe.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
+                pipe.lpush(queue_key, job_id)
+                pipe.execute()
                 continue
             fetched = cls._fetch_dequeued_job(
                 connection, queue_key, job_id, job_class=job_class, serializer=serializer,
@@ -302,6 +422,13 @@ class _BandedQueue(Queue):
             )  # fmt: skip
             if fetched is not None:
                 return fetched
+
+
+def _job_of(task_id: str) -> str:
+    """The job id of a tile's rq id (``tile-JOB-frame-index-attempt``); '' for other tasks."""
+    if not task_id.startswith("tile-"):
+        return ""
+    return task_id.removeprefix("tile-").rsplit("-", 3)[0]
 
 
 class _FarmWorker(SimpleWorker):
@@ -353,6 +480,7 @@ def run_worker(
     log_level: str = "INFO",
     on_signal: Callable[[int], None] | None = None,
     may_take: Callable[[], bool] | None = None,
+    picker: Picker | None = None,
 ) -> None:
     """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty.
     While ``may_take()`` is False the worker takes nothing (and stays registered).
@@ -360,9 +488,11 @@ def run_worker(
     The first SIGINT/SIGTERM stops the worker taking work once the current task returns; every
     signal is also passed to ``on_signal``, which decides how long the current task may run.
     """
+    # the queue class carries the worker's pick (its blocklist, tags and the tag limits)
+    queue_class = type("_WorkerQueue", (_BandedQueue,), {"picker": picker or Picker(name)})
     worker = _FarmWorker(
-        [_BandedQueue(keys.render_queue(device_class), connection=conn)],
-        queue_class=_BandedQueue,
+        [queue_class(keys.render_queue(device_class), connection=conn)],
+        queue_class=queue_class,
         name=name,
         connection=conn,
         maintenance_interval=MAINTENANCE_INTERVAL_S,
@@ -385,6 +515,20 @@ def live_workers(conn: Redis, device_class: str) -> int:
     for key in registered:
         pipe.exists(key)
     return sum(1 for alive in guard(pipe.execute) if alive)
+
+
+def live_worker_names(conn: Redis, device_class: str) -> list[str]:
+    """The names of the render workers serving ``device_class``'s queue now."""
+    registered = [as_text(k) for k in guard(conn.smembers, WORKERS_BY_QUEUE_KEY
+                                            % keys.render_queue(device_class))]  # fmt: skip
+    if not registered:
+        return []
+    pipe = conn.pipeline(transaction=False)
+    for key in registered:
+        pipe.exists(key)
+    alive = guard(pipe.execute)
+    return [k.removeprefix(Worker.redis_worker_namespace_prefix)
+            for k, a in zip(registered, alive, strict=True) if a]  # fmt: skip
 
 
 def depths(conn: Redis) -> dict[str, int]:

@@ -366,6 +366,20 @@ class Settings:
     from Redis (queues, devices, leases, usage); ``off`` on every web replica but one, or each
     replica exports them and sums count them once per replica."""
 
+    # --- scheduling: tags, limits, blocklist (issue #16 item 4) ------------------------------
+
+    worker_tags: str = ""
+    """FARM_WORKER_TAGS: comma-separated tags of this worker (``big-ram,houdini-licence``); it
+    takes the tiles of untagged jobs and of jobs whose every tag it has."""
+
+    tag_limits: str = ""
+    """FARM_TAG_LIMITS: JSON ``{"tag": K}``: at most K tiles of jobs with that tag render at once,
+    farm-wide (licences); give every worker the same value."""
+
+    blocklist_failures: int = 3
+    """FARM_BLOCKLIST_FAILURES: counted tile failures of one job on one worker after which that
+    worker takes no more of that job's tiles (until the job's blocklist is cleared)."""
+
     # --- H3: web request hardening and per-project limits ------------------------------------
 
     web_origins: str = ""
@@ -495,6 +509,10 @@ class Settings:
                 f"FARM_STREAM_MIN_KBPS ({self.stream_min_kbps}) is above FARM_STREAM_MAX_KBPS "
                 f"({self.stream_max_kbps})"
             )
+        from farm import tags  # the tag rules live with the tags
+
+        tags.worker_tags(self.worker_tags)
+        tags.tag_limits(self.tag_limits)
         return self
 
     def worker_name(self) -> str:
@@ -611,6 +629,10 @@ ENV: dict[str, tuple[str, type, float]] = {
     "s3_public_url": ("FARM_S3_PUBLIC_URL", str, 0),
     "data_dir": ("FARM_DATA_DIR", Path, 0),
     "web_farm_metrics": ("FARM_WEB_FARM_METRICS", str, 0),
+    # scheduling (issue #16 item 4)
+    "worker_tags": ("FARM_WORKER_TAGS", str, 0),
+    "tag_limits": ("FARM_TAG_LIMITS", str, 0),
+    "blocklist_failures": ("FARM_BLOCKLIST_FAILURES", int, 1),
     # H3: web request hardening and per-project limits
     "web_origins": ("FARM_WEB_ORIGINS", str, 0),
     "metrics_token": ("FARM_METRICS_TOKEN", str, 0),

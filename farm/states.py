@@ -18,6 +18,8 @@ class TileState(StrEnum):
 
 
 class JobState(StrEnum):
+    # waits for the jobs it depends on (depends_on); its tiles are not in the queue yet
+    WAITING = "waiting"
     QUEUED = "queued"
     RUNNING = "running"
     # every tile is in; frames are being stitched and delivered
@@ -41,6 +43,8 @@ TILE_TRANSITIONS: dict[TileState, frozenset[TileState]] = {
 }
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # WAITING -> QUEUED once every dependency is done; FAILED when one fails or is canceled
+    JobState.WAITING: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELED}),
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELED}),
     JobState.RUNNING: frozenset({JobState.ASSEMBLING, JobState.FAILED, JobState.CANCELED}),
     JobState.ASSEMBLING: frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELED}),

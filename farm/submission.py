@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm import keys
+from farm import dependencies, keys
 from farm.accounts import check_name
 from farm.delivery import output_address
 from farm.errors import (
@@ -22,11 +22,12 @@ from farm.errors import (
     QueueError,
     error_class,
 )
-from farm.frames import parse_frames
+from farm.frames import FRAME_ORDERS, parse_frames
 from farm.jobstore import JobStore
 from farm.models import (
     JOB_NAME_RE,
     JOB_OPTIONS,
+    MAX_DEPENDS_ON,
     MAX_JOB_TASKS,
     MAX_NAME_CHARS,
     MAX_RESOLUTION,
@@ -43,6 +44,7 @@ from farm.queue import RenderQueue
 from farm.redisclient import Redis, confirm_replicated, guard
 from farm.settings import DEVICE_KINDS, GPU_BACKENDS, Settings
 from farm.states import JobState
+from farm.tags import parse_tags
 from farm.tiling import TileGrid, plan_tiles
 
 #: overlap used when the scene samples adaptively (pixels near a tile edge converge differently)
@@ -81,6 +83,12 @@ class RenderRequest:
     allow_cpu_fallback: bool = default_of("allow_cpu_fallback")
     #: an MP4 of an animation's frames is delivered next to them
     preview: bool = default_of("preview")
+    #: comma-separated tags a worker must all have (farm.tags); None: none
+    tags: str | None = default_of("tags")
+    #: comma-separated ids of jobs of the same project to wait for; None: none
+    depends_on: str | None = default_of("depends_on")
+    #: "sequential" or "first-last-middle" (farm.frames.FRAME_ORDERS)
+    frame_order: str = default_of("frame_order")
 
 
 def request_from(
@@ -145,6 +153,31 @@ def check_request(req: RenderRequest) -> None:
         check_job_name(req.name)
     check_name("project", req.project)
     _check_modes(req)
+    parse_tags(req.tags or "")
+    parse_depends_on(req.depends_on or "")
+    if req.frame_order not in FRAME_ORDERS:
+        raise BadParameter(
+            f"frame order {req.frame_order!r} is not one of {', '.join(FRAME_ORDERS)}",
+            field="frame_order",
+        )
+
+
+#: a job id as farm.jobstore makes them (checked before any lookup)
+JOB_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")
+
+
+def parse_depends_on(text: str) -> tuple[str, ...]:
+    """The job ids of a comma-separated list, once each, in the order given; at most
+    MAX_DEPENDS_ON. Whether they exist in the project is ``accept``'s check."""
+    ids = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    for job_id in ids:
+        if not JOB_ID_RE.fullmatch(job_id):
+            raise BadParameter(f"depends_on: {job_id[:40]!r} is not a job id (like "
+                               "20261201-120000-0123abcd)", field="depends_on")  # fmt: skip
+    if len(ids) > MAX_DEPENDS_ON:
+        raise BadParameter(f"depends_on: a job may wait for at most {MAX_DEPENDS_ON} jobs, "
+                           f"not {len(ids)}", field="depends_on")  # fmt: skip
+    return ids
 
 
 def check_job_name(name: str) -> str:
@@ -309,6 +342,9 @@ def plan_job(
         preview=req.preview,
         # the compositor reads passes beyond Combined: every tile renders them all
         compositor=report.compositor,
+        tags=parse_tags(req.tags or ""),
+        depends_on=parse_depends_on(req.depends_on or ""),
+        frame_order=req.frame_order,
     )
     return spec, warnings
 
@@ -376,11 +412,20 @@ def submit(
     for _ in range(WRITE_ATTEMPTS):
         with rq_conn.pipeline(transaction=True) as pipe:
             tasks = store.stage_job(pipe, job_id, spec, warnings, scripts_blocked)
-            # straight into its priority's band: nothing waiting is reordered
-            queue.stage_tiles(tasks, spec.tile_timeout_s, pipeline=pipe, priority=spec.priority)
+            if spec.depends_on:
+                # waits, its tiles pushed once its dependencies are done (farm.dependencies)
+                dependencies.link(rq_conn, pipe, job_id, store.clock())
+            else:
+                # straight into its priority's band: nothing waiting is reordered
+                ordered = dependencies.in_queue_order(spec, tasks)
+                queue.stage_tiles(ordered, spec.tile_timeout_s, pipeline=pipe,
+                                  priority=spec.priority, tags=spec.tags)  # fmt: skip
             guard(pipe.execute)
         try:
             if confirm_replicated(rq_conn, keys.job(job_id)):
+                if spec.depends_on:
+                    # all done already: released in the transaction, pushed now
+                    dependencies.push_released(store, rq_conn)
                 return job_id
         except QueueError:
             # not accepted, so it must not run either (best effort: were the cancel lost as

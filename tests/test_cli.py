@@ -102,10 +102,14 @@ def test_missing_texture_names_the_file(tmp_path: Path) -> None:
 
 
 def test_render_writes_frames_and_reports_json(tmp_path: Path, scene: Path) -> None:
-    proc = farm("render", str(scene), "--tiles", "2x2", "--output", "out", "--json", cwd=tmp_path)
+    # the embedded farm's workers have the tags the job asks for (else it would wait forever)
+    tagged = ("--tags", "big-ram", "--frame-order", "first-last-middle")
+    proc = farm("render", str(scene), "--tiles", "2x2", "--output", "out", "--json", *tagged,
+                cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["job"]["state"] == "done"
+    assert result["job"]["spec"]["tags"] == ["big-ram"]
     assert result["job"]["tiles_done"] == 4
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "frame_0001.exr",

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from web import (
     auth,
+    blocklists,
     downloads,
     events,
     health,
@@ -172,6 +173,10 @@ def table() -> list[Route]:
           "render the unfinished tiles of a failed job again", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/logs", jobs.job_logs, "the job's events and errors",
           tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/blocklist", blocklists.get_blocklist,
+          "the workers that failed the job's tiles and those blocklisted for it", tags=("jobs",)),
+        R("DELETE", "/api/jobs/{job_id}/blocklist", blocklists.clear_blocklist,
+          "clear the job's blocklist: every worker may render it again", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/tiles/{frame}/{tile}/attempts/{attempt}/log",
           tilelogs.tile_log, "a failed tile attempt's own log (Blender's log tail)",
           tags=("jobs",)),

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from farm import delivery, metrics
+from farm import blocklist, delivery, dependencies, metrics, tagslots
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
 from farm.jobstore import JobStore
 from farm.models import BlendSource, JobSpec, TileTask
-from farm.queue import RenderQueue
+from farm.queue import RenderQueue, live_worker_names
 from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.states import JobState
@@ -59,6 +59,9 @@ class WorkerContext:
     specs: dict[str, JobSpec] = field(default_factory=dict)
     #: what the workers page shows of this worker (farm.workerstate); its disabled flag
     report: Reporter = field(default_factory=Reporter)
+    #: FARM_WORKER_TAGS and FARM_TAG_LIMITS (the queue pick routes by them; see farm.tags)
+    tags: frozenset[str] = frozenset()
+    tag_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def scratch(self) -> Path:
@@ -104,7 +107,13 @@ class WorkerContext:
         proportion to what expired (``JobStore.sweep``), not to the jobs. A job whose push
         fails is logged and left unconfirmed, for the next sweep; the other jobs' go on.
         """
+        # the worker's tags, for telling whether anyone may still render a blocklisted job
+        blocklist.announce(self.conn, self.name, self.tags, self.settings.lease_ttl_s * 3)
         found = self.store.sweep(self.name, self.settings.lease_ttl_s)
+        if found.leader:
+            # waiting jobs counted again: a release or failure lost in between is healed
+            dependencies.recheck(self.store)
+        dependencies.push_released(self.store, self.queue.conn)
         for t in found.tiles:
             log.warning("event=tile_requeued job=%s frame=%d tile=%d attempt=%d "
                         "reason=worker_lost", t.job_id, t.frame, t.index, t.attempt)  # fmt: skip
@@ -116,7 +125,9 @@ class WorkerContext:
         for job_id in sorted({t.job_id for t in pushes}):
             mine = [t for t in pushes if t.job_id == job_id]
             try:
-                self.queue.stage_tiles(mine, self.spec(job_id).tile_timeout_s)
+                # the job's own class: a requeued (or released) GPU tile never lands on CPUs
+                spec = self.spec(job_id)
+                RenderQueue(self.queue.conn, spec.device).stage_tiles(mine, spec.tile_timeout_s)
                 self.store.confirm_pushed(mine)
             except Exception as exc:  # one job's failure must not keep the others' tiles waiting
                 log.warning("event=sweep_push_failed job=%s tiles=%d error=%r", job_id,
@@ -190,6 +201,15 @@ def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> 
 def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
     ctx = context()
     task = TileTask(job_id, frame, index, attempt)
+    try:
+        _render_tile(ctx, task)
+    finally:
+        # the slots of limited tags the pick took for this tile (farm.tagslots)
+        tagslots.release(ctx.conn, ctx.tag_limits, task.rq_id)
+
+
+def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
+    job_id, frame, index, attempt = task.job_id, task.frame, task.index, task.attempt
     started = ctx.store.start_tile(task)
     if started != "ok":
         log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
@@ -306,6 +326,7 @@ def _store_tile(ctx: WorkerContext, task: TileTask, scratch: Path, renewal: _Ren
         if not ctx.store.touch_tile(task):
             renewal.lost = "the tile was taken over"
             raise LeaseLost(renewal.lost)
+        tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
 
     key = tile_key(task.job_id, task.frame, task.index, task.attempt)
     retry_storage(lambda: ctx.storage.move_in(key, scratch), budget_s=ctx.settings.storage_retry_s,
@@ -329,6 +350,8 @@ def _tile_failed(
     metrics.TILES_FAILED.labels(ctx.device.device_class, str(counts).lower()).inc()
     if counts:
         ctx.report.count("failed")
+    if counts and outcome in ("retry", "failed"):
+        _count_against_worker(ctx, spec, task)
     if outcome == "failed":
         metrics.observe_job_end(ctx.store, task.job_id)
     log.warning("event=tile_failed job=%s frame=%d tile=%d attempt=%d counts=%s outcome=%s "
@@ -338,6 +361,21 @@ def _tile_failed(
         retry = TileTask(task.job_id, task.frame, task.index, next_attempt)
         ctx.queue.stage_tiles([retry], spec.tile_timeout_s)
         ctx.store.confirm_pushed([retry])
+
+
+def _count_against_worker(ctx: WorkerContext, spec: JobSpec, task: TileTask) -> None:
+    """A counted failure counts against this worker for the job: at FARM_BLOCKLIST_FAILURES it
+    takes no more of the job's tiles; when no live worker that may render them is left, the
+    job says that it waits."""
+    if not blocklist.record_failure(ctx.conn, task.job_id, ctx.name,
+                                    ctx.settings.blocklist_failures,
+                                    ctx.settings.job_retention_s):  # fmt: skip
+        return
+    log.warning("event=worker_blocklisted job=%s worker=%s failures=%d", task.job_id, ctx.name,
+                ctx.settings.blocklist_failures)  # fmt: skip
+    live = live_worker_names(ctx.queue.conn, spec.device)
+    if blocklist.none_left(ctx.conn, task.job_id, spec.tags, live):
+        blocklist.warn_waiting(ctx.conn, task.job_id)
 
 
 def _write_tile_log(
@@ -397,6 +435,8 @@ class _Renewal:
                 self.lease = self.ctx.allocator.renew(self.lease)
                 if not self.ctx.store.touch_tile(self.task):
                     self.lost = "the tile was taken over"
+                tagslots.renew(self.ctx.conn, self.ctx.tag_limits, self.task.rq_id,
+                               self.ctx.store.tile_lease_s)  # fmt: skip
             except LeaseLost as exc:
                 self.lost = str(exc.fields.get("why", exc.message))
             except FarmError as exc:
@@ -450,6 +490,8 @@ def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
     outcome = ctx.store.finish_frame(job_id, frame, attempt)
     if outcome == "ok":
         metrics.observe_job_end(ctx.store, job_id)
+        # the job's last frame releases the jobs waiting for it: their tiles go out now
+        dependencies.push_released(ctx.store, ctx.queue.conn)
     if outcome == "ok" and ctx.settings.tile_retention == "delete":
         ctx.storage.delete_prefix(frame_tiles_key(job_id, frame))
         if spec.preview and ctx.store.status(job_id).state == JobState.DONE:

@@ -7,7 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from farm import jobstore, metrics, queue, sandbox, workerstate
+from farm import blocklist, jobstore, metrics, queue, sandbox, tags, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import SlotAllocator
 from farm.alloc.devices import Device
@@ -81,9 +81,12 @@ def serve(
         device=agent.devices[0],
         shutdown=Shutdown(child, settings.stop_grace_s),
         report=workerstate.Reporter(workerstate.registry_for(conn, settings), name),
+        tags=tags.worker_tags(settings.worker_tags),
+        tag_limits=tags.tag_limits(settings.tag_limits),
     )
     tasks.install(ctx)
     beacon = _beacon(settings, ctx, agent)
+    blocklist.announce(conn, name, ctx.tags, settings.lease_ttl_s * 3)
     # Prometheus /metrics of this worker (tiles, durations, its GPU's NVML gauges)
     exporter = (
         metrics.start_metrics_server(settings.metrics_port, settings.metrics_host)
@@ -94,8 +97,8 @@ def serve(
     beacon.start()
     sweeper = _Sweeper(ctx.sweep, every_s=settings.lease_ttl_s)
     sweeper.start()
-    log.info("event=worker_ready worker=%s device=%s device_id=%s blender_pid=%s", name,
-             settings.device, ctx.device.id, child.pid)  # fmt: skip
+    log.info("event=worker_ready worker=%s device=%s device_id=%s blender_pid=%s tags=%s", name,
+             settings.device, ctx.device.id, child.pid, ",".join(sorted(ctx.tags)))  # fmt: skip
     try:
         queue.run_worker(
             rq_conn,
@@ -105,6 +108,7 @@ def serve(
             log_level=settings.log_level,
             on_signal=ctx.shutdown.on_signal if ctx.shutdown else None,
             may_take=lambda: not ctx.report.disabled(),
+            picker=queue.Picker(name, ctx.tags, ctx.tag_limits, settings.lease_ttl_s),
         )
     finally:
         if ctx.shutdown is not None:

@@ -21,6 +21,10 @@ bl_info = {
 }
 
 DEVICES = [("cpu", "CPU", "Render on CPU workers"), ("gpu", "GPU", "Render on GPU workers")]
+FRAME_ORDERS = [
+    ("sequential", "Sequential", "Frames in order"),
+    ("first-last-middle", "First, last, middle", "Those three frames first, to see problems early"),
+]
 
 
 class TesseraPreferences(bpy.types.AddonPreferences):
@@ -65,6 +69,12 @@ class TesseraJobSettings(bpy.types.PropertyGroup):
         name="Allow missing files",
         description="Render even when textures or libraries are missing on the farm",
     )
+    tags: bpy.props.StringProperty(
+        name="Worker tags", default="", description="Tags a worker must all have (comma separated)"
+    )
+    frame_order: bpy.props.EnumProperty(
+        name="Frame order", items=FRAME_ORDERS, default="sequential"
+    )
     last_job_url: bpy.props.StringProperty(name="Last job")
 
 
@@ -92,6 +102,8 @@ def options_from_scene(scene: Any) -> client.SubmitOptions:
         priority=s.priority,
         device=s.device,
         accept_missing=s.accept_missing,
+        tags=s.tags,
+        frame_order=s.frame_order,
         name=bpy.path.display_name_from_filepath(bpy.data.filepath) or None,
         # the scene's own denoise setting; the farm applies it once per stitched frame
         denoise=scene.render.engine == "CYCLES" and bool(scene.cycles.use_denoising),
@@ -235,6 +247,8 @@ class TESSERA_PT_submit(bpy.types.Panel):
         col.prop(s, "device")
         col.prop(s, "formats")
         col.prop(s, "priority")
+        col.prop(s, "tags")
+        col.prop(s, "frame_order")
         col.prop(s, "accept_missing")
         layout.operator(TESSERA_OT_submit.bl_idname, icon="RENDER_ANIMATION")
         if s.last_job_url:

@@ -53,6 +53,10 @@ class SubmitOptions:
     name: str | None = None
     #: denoise each frame once after stitching (the farm never denoises a tile alone)
     denoise: bool = False
+    #: tags a worker must all have (comma-separated); empty: any worker
+    tags: str = ""
+    #: "sequential" or "first-last-middle" (those three frames first, to see problems early)
+    frame_order: str = "sequential"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def body(self, project: str, upload_id: str) -> dict[str, Any]:
@@ -72,6 +76,10 @@ class SubmitOptions:
             body["accept_missing"] = True
         if self.denoise:
             body["denoise"] = True
+        if self.tags.strip():
+            body["tags"] = self.tags
+        if self.frame_order != "sequential":
+            body["frame_order"] = self.frame_order
         body.update(self.extra)
         return body
 

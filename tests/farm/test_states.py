@@ -29,6 +29,9 @@ TILE_ALLOWED = {
     (TileState.CANCELED, TileState.QUEUED),
 }
 JOB_ALLOWED = {
+    (JobState.WAITING, JobState.QUEUED),
+    (JobState.WAITING, JobState.FAILED),
+    (JobState.WAITING, JobState.CANCELED),
     (JobState.QUEUED, JobState.RUNNING),
     (JobState.QUEUED, JobState.FAILED),
     (JobState.QUEUED, JobState.CANCELED),
@@ -85,7 +88,9 @@ def reachable(table: Mapping[S, frozenset[S]], start: S) -> set[S]:
 
 def test_every_state_is_reachable_and_every_unfinished_state_has_a_way_on() -> None:
     assert reachable(TILE_TRANSITIONS, TileState.QUEUED) == set(TileState)
-    assert reachable(JOB_TRANSITIONS, JobState.QUEUED) == set(JobState)
+    # a job starts queued, or waiting for the jobs it depends on
+    assert reachable(JOB_TRANSITIONS, JobState.WAITING) == set(JobState)
+    assert reachable(JOB_TRANSITIONS, JobState.QUEUED) == set(JobState) - {JobState.WAITING}
     assert all(TILE_TRANSITIONS[s] for s in TileState if s not in TILE_FINAL)
     assert all(JOB_TRANSITIONS[s] for s in JobState if s not in JOB_FINAL)
 

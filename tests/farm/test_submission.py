@@ -40,8 +40,9 @@ def test_requests_and_specs_take_their_defaults_from_the_one_table() -> None:
     }
     spec = {f.name: f.default for f in dataclasses.fields(JobSpec)}
     # the spec holds the options as the farm runs them: formats as a tuple, the overlap, a
-    # name and split_parts (1 in tiles mode) resolved
-    shared = set(JOB_OPTIONS) & set(spec) - {"formats", "overlap_px", "split_parts", "name"}
+    # name and split_parts (1 in tiles mode) resolved; tags and depends_on as tuples
+    dropped = {"formats", "overlap_px", "split_parts", "name", "tags", "depends_on"}
+    shared = set(JOB_OPTIONS) & set(spec) - dropped
     with_default = {n for n in shared if spec[n] is not dataclasses.MISSING}
     assert with_default >= {"device", "max_attempts", "tile_timeout_s", "priority", "project"}
     for name in with_default:

@@ -16,6 +16,7 @@ import redis
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from encoder.app import running
+from farm import blocklist, jobstore
 from farm.redisserver import RedisServer
 from tests.blendscenes import make_scene
 from tests.encoder.tokens import STREAM_SECRET
@@ -282,13 +283,24 @@ def test_job_page_changes_priority_and_cancels(
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.on("dialog", lambda d: d.accept())
+    # a worker that failed three of the job's tiles is blocklisted for it (farm.blocklist)
+    conn = jobstore.connect(site.worker.settings.redis_url)
+    for _ in range(3):
+        blocklist.record_failure(conn, job_id, "host-cpu-7", threshold=3)
+    conn.close()
     try:
         _sign_in(page, site, f"/jobs/{job_id}")
         expect(page.locator("#job-name")).to_have_text("long shot")
         expect(page.locator(".frame")).to_have_count(3)
+        expect(page.locator("#blocklist")).to_have_text("host-cpu-7: 3 failed tile(s)")
+        page.click("#clear-blocklist")
+        expect(
+            page.locator(".toast", has_text="1 worker(s) may render this job again")
+        ).to_have_count(1)
+        expect(page.locator("#blocklist-panel")).to_be_hidden()
         page.fill("#priority", "7")
         page.click("#set-priority")
-        expect(page.locator(".toast")).to_contain_text("Priority set to 7")
+        expect(page.locator(".toast", has_text="Priority set to 7")).to_have_count(1)
         assert farm.job(job_id)["priority"] == 7
         page.click("#cancel")
         expect(page.locator("#job-state")).to_have_text("canceled")

@@ -198,6 +198,10 @@ function drawNotes() {
   } else if (job.state === "canceled") {
     notes.push(el("div", { class: "callout" }, el("strong", {}, "Canceled"), job.reason || "The job was canceled."));
   }
+  if (job.state === "waiting") {
+    notes.push(el("div", { class: "callout" }, el("strong", {}, "Waiting"),
+      `Its tiles are queued once ${((job.spec || {}).depends_on || []).join(", ")} ${((job.spec || {}).depends_on || []).length > 1 ? "are" : "is"} done.`));
+  }
   if (job.scripts_blocked) {
     notes.push(el("div", { class: "callout warn" }, el("strong", {}, "Scripts blocked"),
       "This file wanted to run Python (auto-run scripts or drivers); it rendered with scripts off."));
@@ -284,7 +288,9 @@ const EVENTS = Object.freeze({
     level: () => "ok",
   },
   warning: {
-    apply() {},
+    apply(ev) {
+      if ((ev.message || "").includes("blocklist")) loadBlocklist();
+    },
     log: (ev) => `warning: ${ev.message}`,
     level: () => "warn",
   },
@@ -406,6 +412,29 @@ async function setPriority() {
   drawHeader();
 }
 
+// --- blocklist: workers that failed too many of this job's tiles take no more of them ------------
+
+async function loadBlocklist() {
+  let data;
+  try {
+    data = await api(base + "/blocklist");
+  } catch (e) {
+    return; // the panel stays as it was; the log still says who was blocklisted
+  }
+  const blocked = (data.workers || []).filter((w) => w.blocklisted);
+  $("#blocklist").replaceChildren(...blocked.map((w) => el("li", {}, `${w.worker}: ${w.failures} failed tile(s)`)));
+  $("#blocklist-panel").hidden = blocked.length === 0;
+  $("#clear-blocklist").disabled = !canEdit;
+}
+
+async function clearBlocklist() {
+  await withButton($("#clear-blocklist"), async () => {
+    const r = await api(base + "/blocklist", { method: "DELETE" });
+    toast(`${r.cleared} worker(s) may render this job again`, "ok");
+  });
+  await loadBlocklist();
+}
+
 const page = await startPage("jobs", () => location.assign("/"));
 if (page) {
   try {
@@ -422,6 +451,8 @@ if (page) {
     $("#cancel").addEventListener("click", cancel);
     $("#retry").addEventListener("click", retry);
     $("#set-priority").addEventListener("click", setPriority);
+    $("#clear-blocklist").addEventListener("click", clearBlocklist);
+    loadBlocklist();
     loadFiles();
     connect(); // a finished job's stream replays its log and ends
     watchWaiting(base, () => job, drawNotes);

@@ -1,0 +1,39 @@
+"""The slots of FARM_TAG_LIMITS: a tile of a job with a limited tag holds one of the tag's K
+slots from the worker's pick (farm.queue takes it) to the tile's end, renewed with its lease,
+so that a worker that dies frees its slot when the lease would have expired."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from farm import keys
+from farm.redisclient import Redis, guard
+
+
+def renew(conn: Redis, tags: Iterable[str], task_id: str, lease_s: float) -> None:
+    """Extend the slots ``task_id`` (a tile's rq id) holds of ``tags`` by ``lease_s``."""
+    tags = list(tags)
+    if not tags:
+        return
+    until = time.time() + lease_s
+    pipe = conn.pipeline(transaction=False)
+    for tag in tags:
+        pipe.zadd(keys.tag_slots(tag), {task_id: until}, xx=True)
+    guard(pipe.execute)
+
+
+def release(conn: Redis, tags: Iterable[str], task_id: str) -> None:
+    """Free the slots ``task_id`` holds (none held: nothing happens)."""
+    tags = list(tags)
+    if not tags:
+        return
+    pipe = conn.pipeline(transaction=False)
+    for tag in tags:
+        pipe.zrem(keys.tag_slots(tag), task_id)
+    guard(pipe.execute)
+
+
+def running(conn: Redis, tag: str) -> int:
+    """Slots of ``tag`` held now (expired ones not counted)."""
+    return int(guard(conn.zcount, keys.tag_slots(tag), time.time(), "+inf"))
