@@ -192,9 +192,9 @@ class Farm:
             return
         job, args = got
         if job.func_name == queue.ASSEMBLE_TASK:
-            job_id, frame = args
-            if self.fig.timed("claim_frame", self.store.claim_frame, job_id, frame):
-                self.at(2.0, lambda: self._assembled(device, job, job_id, frame))
+            job_id, frame, attempt = args
+            if self.fig.timed("claim_frame", self.store.claim_frame, job_id, frame, attempt):
+                self.at(2.0, lambda: self._assembled(device, job, job_id, frame, attempt))
             else:
                 self._task_done(device, job)
             return
@@ -267,8 +267,10 @@ class Farm:
 
         self.at(max(0, end_ms - self.now_ms) / 1000, finish)
 
-    def _assembled(self, device: DeviceOffer, job: Job, job_id: str, frame: int) -> None:
-        self.fig.timed("finish_frame", self.store.finish_frame, job_id, frame)
+    def _assembled(
+        self, device: DeviceOffer, job: Job, job_id: str, frame: int, attempt: int
+    ) -> None:
+        self.fig.timed("finish_frame", self.store.finish_frame, job_id, frame, attempt)
         self._task_done(device, job)
 
     def sweep(self, device: DeviceOffer) -> None:
