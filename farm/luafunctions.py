@@ -9,7 +9,8 @@ A library's name and its functions' names carry a digest of its text, as EVALSHA
 script by its hash: two versions of the farm (a rolling upgrade) each call their own code, and
 a call to a server without the library (a fresh or restarted Redis without persistence, a
 replica promoted before it had it) loads it and calls again. A server without functions
-(Redis before 7) runs the same code as plain scripts (EVALSHA).
+(Redis before 7), or a client whose ACL user may not load them, runs the same code as plain
+scripts (EVALSHA).
 """
 
 from __future__ import annotations
@@ -79,14 +80,27 @@ class Function:
         try:
             return self.conn.fcall(self.name, len(keys), *keys, *args)
         except redis.ResponseError as exc:
-            why = str(exc)
-            if "unknown command" in why.lower():
-                # Redis before 7
-                self._functions = False
-                return self._script(keys=keys, args=args)
-            if "function not found" not in why.lower():
+            if _no_functions(exc):
+                return self._as_script(keys, args)
+            if "function not found" not in str(exc).lower():
                 raise
         # this server lacks the library: load it (every loader writes the same text) and call
         # again; the call failed before it ran, so nothing was done twice
-        self.conn.function_load(self.library.source, replace=True)
+        try:
+            self.conn.function_load(self.library.source, replace=True)
+        except redis.ResponseError as exc:
+            if not _no_functions(exc):
+                raise
+            return self._as_script(keys, args)
         return self.conn.fcall(self.name, len(keys), *keys, *args)
+
+    def _as_script(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        self._functions = False
+        return self._script(keys=keys, args=args)
+
+
+def _no_functions(error: redis.ResponseError) -> bool:
+    """The server has no functions (Redis before 7: an unknown command) or this client may
+    not use them (an ACL without FCALL or FUNCTION LOAD): plain scripts, then."""
+    why = str(error).lower()
+    return "unknown command" in why or "noperm" in why or "no permissions" in why

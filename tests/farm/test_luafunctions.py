@@ -93,3 +93,23 @@ def test_a_server_without_functions_runs_the_same_code_as_scripts(no_functions_u
     assert alloc.release(lease)
     assert alloc.devices()[0].used_encoder_sessions == 0
     conn.close()
+
+
+def test_a_client_whose_acl_refuses_function_load_runs_scripts(
+    rconn: redis.Redis, redis_url: str
+) -> None:
+    # a managed Redis may grant scripts but not FUNCTION LOAD
+    rconn.function_flush()
+    rconn.acl_setuser(
+        "scripts-only", enabled=True, nopass=True, keys=["*"], channels=["*"],
+        commands=["+@all", "-function"],
+    )  # fmt: skip
+    limited = redis.Redis.from_url(redis_url, username="scripts-only")
+    try:
+        with pytest.raises(redis.ResponseError, match=r"(?i)permission"):
+            limited.function_load(_library(1).source)
+        assert _library(1).bind(limited, "bump")(keys=["n"]) == 1
+        assert _libraries(rconn) == set()
+    finally:
+        limited.close()
+        rconn.acl_deluser("scripts-only")
