@@ -26,7 +26,6 @@ operations under the same contention, not the server's capacity.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -285,9 +284,10 @@ def script_exec_us(conn: redis.Redis, pairs: int = 1000) -> dict[str, float]:
     register_pool(conn)
     alloc = SlotAllocator(conn, ttl_s=LEASE_TTL_S)
     trivial = conn.register_script("return 1")
+    # the allocator's calls are functions (FCALL name), the trivial one a script (EVALSHA sha)
     names = {
-        hashlib.sha1(scripts.ACQUIRE.encode()).hexdigest(): "acquire",
-        hashlib.sha1(scripts.RELEASE.encode()).hexdigest(): "release",
+        scripts.LIBRARY.function_name("acquire"): "acquire",
+        scripts.LIBRARY.function_name("release"): "release",
         trivial.sha: "evalsha_return_1",
     }
     before = {
@@ -308,7 +308,7 @@ def script_exec_us(conn: redis.Redis, pairs: int = 1000) -> dict[str, float]:
     durations: dict[str, list[float]] = {name: [] for name in names.values()}
     for entry in entries:
         words = entry["command"].split()
-        if len(words) > 1 and words[0].upper() == b"EVALSHA":
+        if len(words) > 1 and words[0].upper() in (b"EVALSHA", b"FCALL"):
             script = names.get(words[1].decode())
             if script is not None:
                 durations[script].append(float(entry["duration"]))

@@ -192,9 +192,9 @@ class Farm:
             return
         job, args = got
         if job.func_name == queue.ASSEMBLE_TASK:
-            job_id, frame = args
-            if self.fig.timed("claim_frame", self.store.claim_frame, job_id, frame):
-                self.at(2.0, lambda: self._assembled(device, job, job_id, frame))
+            job_id, frame, attempt = args
+            if self.fig.timed("claim_frame", self.store.claim_frame, job_id, frame, attempt):
+                self.at(2.0, lambda: self._assembled(device, job, job_id, frame, attempt))
             else:
                 self._task_done(device, job)
             return
@@ -267,8 +267,10 @@ class Farm:
 
         self.at(max(0, end_ms - self.now_ms) / 1000, finish)
 
-    def _assembled(self, device: DeviceOffer, job: Job, job_id: str, frame: int) -> None:
-        self.fig.timed("finish_frame", self.store.finish_frame, job_id, frame)
+    def _assembled(
+        self, device: DeviceOffer, job: Job, job_id: str, frame: int, attempt: int
+    ) -> None:
+        self.fig.timed("finish_frame", self.store.finish_frame, job_id, frame, attempt)
         self._task_done(device, job)
 
     def sweep(self, device: DeviceOffer) -> None:
@@ -347,20 +349,28 @@ def command_usec(conn: redis.Redis) -> dict[str, tuple[int, int]]:
 
 
 def script_names() -> dict[str, str]:
-    """sha1 -> name of every Lua script the farm registers (to read SLOWLOG by script)."""
-    from farm import jobscripts
-    from farm.alloc import scripts
-
+    """sha1 -> name of every Lua script the farm sends by EVALSHA (to read SLOWLOG by script);
+    the function libraries' calls name themselves (FCALL name)."""
     out = {}
-    for module in (scripts, jobscripts, queue):
-        for name, value in vars(module).items():
-            if isinstance(value, str) and name.isupper() and "redis.call" in value:
-                out[hashlib.sha1(value.encode()).hexdigest()] = name.lower().lstrip("_")
+    for name, value in vars(queue).items():
+        if isinstance(value, str) and name.isupper() and "redis.call" in value:
+            out[hashlib.sha1(value.encode()).hexdigest()] = name.lower().lstrip("_")
     return out
 
 
+def _function_name(words: list[bytes]) -> str:
+    """A library function's short name (``alloc_acquire_<digest>`` -> ``acquire``); an acquire
+    also says its kind and whether it was pinned to devices or placed."""
+    name = words[1].decode().rsplit("_", 1)[0].split("_", 1)[-1]
+    if name == "acquire" and len(words) > 12:
+        # FCALL name numkeys now kind ... device ids (the tenth argument)
+        name += f":{words[4].decode()}:{'pinned' if words[12] else 'placed'}"
+    return name
+
+
 def profile(conn: redis.Redis, entries: int) -> dict[str, list[float]]:
-    """Per command or script: [calls, median us, total ms] inside redis-server (SLOWLOG)."""
+    """Per command or script: [calls, median us, total ms] inside redis-server (SLOWLOG: the
+    commands a script runs are listed too, and counted in its own time)."""
     names = script_names()
     spent: dict[str, list[int]] = defaultdict(list)
     for entry in conn.slowlog_get(entries):
@@ -368,12 +378,14 @@ def profile(conn: redis.Redis, entries: int) -> dict[str, list[float]]:
         name = words[0].decode().lower()
         if name == "evalsha" and len(words) > 1:
             name = names.get(words[1].decode(), "script?")
+        elif name == "fcall" and len(words) > 1:
+            name = _function_name(words)
         spent[name].append(int(entry["duration"]))
     rows = {
         name: [len(v), float(statistics.median(v)), round(sum(v) / 1000, 1)]
         for name, v in spent.items()
     }
-    return dict(sorted(rows.items(), key=lambda kv: -kv[1][2])[:12])
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1][2])[:16])
 
 
 def idle_cpu_rate(conn: redis.Redis, seconds: float = 2.0) -> float:
@@ -401,6 +413,8 @@ def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
         with server:
             farm = Farm(server.url, devices, args)
             probe = redis.Redis.from_url(server.url)
+            for setting in filter(None, args.redis_config.split(",")):
+                probe.config_set(*setting.split("=", 1))
             idle = idle_cpu_rate(probe)
             measure_s = measure_s_for(devices, args)
             wall0 = time.monotonic()
@@ -472,6 +486,11 @@ def main() -> None:
     ap.add_argument("--streams-per-device", type=float, default=1.0)
     ap.add_argument("--priority-share", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument(
+        "--redis-config",
+        default="",
+        help="CONFIG SET name=value,... on the server before the run (to compare settings)",
+    )
     ap.add_argument(
         "--profile",
         action="store_true",

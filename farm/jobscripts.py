@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import TypeVar
 
 from farm import keys
+from farm.luafunctions import Library
 from farm.states import JOB_TRANSITIONS, TILE_TRANSITIONS
 from farm.webhooks import outbox
 
@@ -589,3 +590,20 @@ end
 return trimmed
 """
 )
+
+#: every script above as one Redis function library (farm.luafunctions): the prelude is defined
+#: once when the library loads, not on every call. Each script's text stays above as the
+#: prelude and its body (the same code for a server without functions).
+LIBRARY = Library(
+    "jobs",
+    PRELUDE,
+    {
+        name.lower(): script.removeprefix(PRELUDE)
+        for name, script in {
+            "START_TILE": START_TILE, "TOUCH_TILE": TOUCH_TILE, "FINISH_TILE": FINISH_TILE,
+            "FAIL_TILE": FAIL_TILE, "FINISH_FRAME": FINISH_FRAME, "CLAIM_FRAME": CLAIM_FRAME,
+            "FENCE_FRAME": FENCE_FRAME, "END_JOB": END_JOB, "RETRY_FAILED": RETRY_FAILED,
+            "SWEEP": SWEEP, "TRIM_ENDED": TRIM_ENDED,
+        }.items()
+    },
+)  # fmt: skip

@@ -66,17 +66,17 @@ class JobStore:
         #: FARM_USAGE_RAW_RETENTION_S
         self.job_retention_s = job_retention_s
         self.usage_raw_retention_s = usage_raw_retention_s
-        self._start = conn.register_script(jobscripts.START_TILE)
-        self._touch = conn.register_script(jobscripts.TOUCH_TILE)
-        self._finish = conn.register_script(jobscripts.FINISH_TILE)
-        self._fail = conn.register_script(jobscripts.FAIL_TILE)
-        self._finish_frame = conn.register_script(jobscripts.FINISH_FRAME)
-        self._claim_frame = conn.register_script(jobscripts.CLAIM_FRAME)
-        self._fence_frame = conn.register_script(jobscripts.FENCE_FRAME)
-        self._end = conn.register_script(jobscripts.END_JOB)
-        self._retry = conn.register_script(jobscripts.RETRY_FAILED)
-        self._sweep = conn.register_script(jobscripts.SWEEP)
-        self._trim = conn.register_script(jobscripts.TRIM_ENDED)
+        self._start = jobscripts.LIBRARY.bind(conn, "start_tile")
+        self._touch = jobscripts.LIBRARY.bind(conn, "touch_tile")
+        self._finish = jobscripts.LIBRARY.bind(conn, "finish_tile")
+        self._fail = jobscripts.LIBRARY.bind(conn, "fail_tile")
+        self._finish_frame = jobscripts.LIBRARY.bind(conn, "finish_frame")
+        self._claim_frame = jobscripts.LIBRARY.bind(conn, "claim_frame")
+        self._fence_frame = jobscripts.LIBRARY.bind(conn, "fence_frame")
+        self._end = jobscripts.LIBRARY.bind(conn, "end_job")
+        self._retry = jobscripts.LIBRARY.bind(conn, "retry_failed")
+        self._sweep = jobscripts.LIBRARY.bind(conn, "sweep")
+        self._trim = jobscripts.LIBRARY.bind(conn, "trim_ended")
         self._submitted = conn.register_script(outbox.SUBMITTED)
 
     # --- creating -------------------------------------------------------------------------

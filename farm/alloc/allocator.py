@@ -139,12 +139,12 @@ class SlotAllocator:
         self.ttl_ms = int(ttl_s * 1000)
         # None: Redis's own clock, the same for every host
         self.clock_ms = clock_ms
-        self._acquire = conn.register_script(scripts.ACQUIRE)
-        self._renew = conn.register_script(scripts.RENEW)
-        self._release = conn.register_script(scripts.RELEASE)
-        self._check = conn.register_script(scripts.CHECK)
-        self._register = conn.register_script(scripts.REGISTER)
-        self._snapshot = conn.register_script(scripts.SNAPSHOT)
+        self._acquire = scripts.LIBRARY.bind(conn, "acquire")
+        self._renew = scripts.LIBRARY.bind(conn, "renew")
+        self._release = scripts.LIBRARY.bind(conn, "release")
+        self._check = scripts.LIBRARY.bind(conn, "check")
+        self._register = scripts.LIBRARY.bind(conn, "register")
+        self._snapshot = scripts.LIBRARY.bind(conn, "snapshot")
 
     def _now(self) -> str:
         return "" if self.clock_ms is None else str(self.clock_ms())

@@ -16,6 +16,7 @@ from __future__ import annotations
 from farm import keys
 from farm.alloc import policy
 from farm.alloc.devices import CPU_CLASS
+from farm.luafunctions import Library
 
 #: the keys the scripts use, as farm.keys spells them (a Lua table ``keys``)
 KEYS_LUA = keys.lua(
@@ -229,9 +230,7 @@ end
 #       preempt '1'|'0', project, job, role ('' none: an operator's request, no policy)
 # -> {'ok', device, token, expires_ms, revoked} | {'never'} | {'busy'}
 #    | {'forbidden', classes the role may use csv, classes refused csv}
-ACQUIRE = (
-    PRELUDE
-    + r"""
+_ACQUIRE = r"""
 local now = clock(ARGV[1])
 reclaim(now)
 local kind = ARGV[2]
@@ -446,12 +445,9 @@ if enc > 0 then host_encoders(best_f[2], enc, best, now) end
 place(best, best_f, now, enc > 0)
 return {'ok', best, token, expires, revoked}
 """
-)
 
 # ARGV: now|'', lease_id, token, ttl_ms   -> {'ok', expires} | {'gone', why}
-RENEW = (
-    PRELUDE
-    + r"""
+_RENEW = r"""
 local now = clock(ARGV[1])
 local lk = keys.lease(ARGV[2])
 local l = redis.call('HMGET', lk, 'token', 'expires', 'device')
@@ -471,21 +467,15 @@ redis.call('HSET', lk, 'expires', expires)
 redis.call('ZADD', keys.LEASE_EXPIRY, expires, ARGV[2])
 return {'ok', expires}
 """
-)
 
 # ARGV: lease_id, token, now|''   -> 1 released | 0 not held
-RELEASE = (
-    PRELUDE
-    + r"""
+_RELEASE = r"""
 if free(ARGV[1], 'released', clock(ARGV[3]), ARGV[2]) then return 1 end
 return 0
 """
-)
 
 # ARGV: now|'', lease_id, token   -> 1 when the lease is held and current (the fencing check)
-CHECK = (
-    PRELUDE
-    + r"""
+_CHECK = r"""
 local now = clock(ARGV[1])
 local l = redis.call('HMGET', keys.lease(ARGV[2]), 'token', 'expires', 'device')
 if l[1] ~= ARGV[3] or tonumber(l[2]) < now then return 0 end
@@ -493,14 +483,11 @@ if l[1] ~= ARGV[3] or tonumber(l[2]) < now then return 0 end
 if tonumber(redis.call('HGET', keys.device(l[3]), 'alive_until') or '0') < now then return 0 end
 return 1
 """
-)
 
 # ARGV: now|'', device ids csv ('' every device)
 # -> JSON [now, [[device id, {field: value}, [[lease id, {field: value}], ...]], ...]]
 # One atomic read, so counters and leases always agree (a pipeline could interleave a grant).
-SNAPSHOT = (
-    PRELUDE
-    + r"""
+_SNAPSHOT = r"""
 local now = clock(ARGV[1])
 -- what expired leaves before it is shown: a killed holder's leases and a silent agent's devices
 -- are not listed until the next grant (`farm gpus` on an idle farm showed them for minutes)
@@ -536,14 +523,11 @@ for _, d in ipairs(devices) do
 end
 return cjson.encode({now, out})
 """
-)
 
 # ARGV: now|'', agent, ttl_ms, host, host_budget (-1 none), devices JSON
 # (register and heartbeat are one idempotent call: capacities may change between beats; a
 # device offered by several agents, a render worker and a stream service, lives while any beats)
-REGISTER = (
-    PRELUDE
-    + r"""
+_REGISTER = r"""
 local now = clock(ARGV[1])
 local until_ms = now + tonumber(ARGV[3])
 redis.call('SET', keys.agent(ARGV[2]), 'alive', 'PX', ARGV[3])
@@ -616,7 +600,15 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
 end
 return 1
 """
-)
+
+#: the scripts above as one Redis function library (farm.luafunctions): the prelude is defined
+#: once when the library loads, not on every call
+LIBRARY = Library(
+    "alloc",
+    PRELUDE,
+    {"acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE, "check": _CHECK,
+     "snapshot": _SNAPSHOT, "register": _REGISTER},
+)  # fmt: skip
 
 # ARGV: project, the id of the newest raw entry to roll up (ms), limit
 # The sweep's usage roll-up: the project's oldest raw entries (at most `limit`, none newer than
