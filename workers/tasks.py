@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from farm import delivery, metrics
+from farm import delivery, failures, metrics
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
@@ -26,6 +26,7 @@ from farm.settings import Settings
 from farm.states import JobState
 from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
+from farm.taskrecords import TaskRecords
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown
@@ -62,6 +63,29 @@ class WorkerContext:
         path = self.settings.work_dir / self.name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    @functools.cached_property
+    def records(self) -> TaskRecords:
+        return TaskRecords(self.store.conn)
+
+    @property
+    def device_label(self) -> str:
+        """The device as a user reads it in a failure's cause and the task table."""
+        if self.device.index is None:
+            return "the CPU"
+        return f"GPU {self.device.index} ({self.device.model})"
+
+    def record(self, task: TileTask, ended: str = "", **fields: Any) -> None:
+        """Note the attempt's start (``ended`` empty) or end in the job's task records; the
+        records inform, so a Redis hiccup here is logged and the task goes on."""
+        try:
+            if ended:
+                self.records.ended(task, self.store.clock(), ended, **fields)
+            else:
+                self.records.started(task, self.name, self.device_label, self.store.clock())
+        except FarmError as exc:
+            log.warning("event=task_record_failed job=%s frame=%d tile=%d error=%r",
+                        task.job_id, task.frame, task.index, exc.message)  # fmt: skip
 
     def spec(self, job_id: str) -> JobSpec:
         if job_id not in self.specs:
@@ -191,6 +215,7 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
         log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
                  job_id, frame, index, attempt, started)  # fmt: skip
         return
+    ctx.record(task)
     spec = ctx.spec(job_id)
     try:
         request = _render_request(ctx, spec, job_id)
@@ -271,6 +296,8 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
     if outcome == "fenced":
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
     elif outcome in ("ok", "frame_ready"):
+        ctx.record(task, "done", render_s=result.get("render_s"),
+                   peak_memory_mib=result.get("peak_memory_mib"))  # fmt: skip
         metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
         metrics.TILE_SECONDS.labels(ctx.device.device_class).observe(time.monotonic() - t0)
     log.info("event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f "
@@ -308,11 +335,22 @@ def _tile_failed(
     counts: bool = True,
     error: BaseException | None = None,
 ) -> None:
-    """Record the failed attempt under a reason the user may read; the whole story (error
-    fields, Blender's log tail) goes to the operator's log and the tile's own log."""
-    if error is not None:
-        _write_tile_log(ctx, task, reason, counts, error)
+    """Record the failed attempt under a reason the user may read, its short cause first
+    (farm.failures); the whole story (error fields, Blender's log tail) goes to the operator's
+    log and the tile's own log."""
     shown = redaction.public(reason, task.job_id)
+    cause = shown
+    if counts and error is not None:
+        fields = error.fields if isinstance(error, FarmError) else {}
+        code = error.code if isinstance(error, FarmError) else "internal"
+        found = failures.classify(code, reason, fields, frame=task.frame,
+                                  device=ctx.device_label,
+                                  log_tail=fields.get("log_tail") or ())  # fmt: skip
+        cause = redaction.public(found.cause, task.job_id)
+        shown = failures.shown(cause, shown)
+    if error is not None:
+        _write_tile_log(ctx, task, reason, counts, error, cause)
+    ctx.record(task, "failed" if counts else "requeued", cause=cause, logged=error is not None)
     outcome, next_attempt = ctx.store.fail_tile(task, shown, spec.max_attempts, counts)
     metrics.TILES_FAILED.labels(ctx.device.device_class, str(counts).lower()).inc()
     if outcome == "failed":
@@ -327,7 +365,12 @@ def _tile_failed(
 
 
 def _write_tile_log(
-    ctx: WorkerContext, task: TileTask, reason: str, counts: bool, error: BaseException
+    ctx: WorkerContext,
+    task: TileTask,
+    reason: str,
+    counts: bool,
+    error: BaseException,
+    cause: str = "",
 ) -> None:
     """The attempt's failure in full, stored with the job (only its project reads it)."""
     fields = dict(error.fields) if isinstance(error, FarmError) else {}
@@ -336,6 +379,7 @@ def _write_tile_log(
         f"job {task.job_id} frame {task.frame} tile {task.index} attempt {task.attempt}",
         f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name}",
         f"counts as a failure: {'yes' if counts else 'no'}",
+        f"cause: {cause or reason}",
         f"reason: {reason}",
         f"error: {getattr(error, 'code', type(error).__name__)}: {error}",
         *(f"{key}: {value}" for key, value in sorted(fields.items())),
