@@ -104,7 +104,8 @@ def classify(
     for line in reversed(log_tail):
         m = _LOG_MISSING.search(line)
         if m:
-            return Failure("missing_file", f"missing file {_name(next(g for g in m.groups() if g))}")
+            named = next(g for g in m.groups() if g)
+            return Failure("missing_file", f"missing file {_name(named)}")
     if code == "no_camera":
         return Failure("no_camera", "the scene has no camera")
     if code == "device_unavailable":

@@ -41,7 +41,7 @@ def test_a_missing_texture_in_blenders_log_is_named() -> None:
         # Cycles' CUDA device (device/cuda/device_impl.cpp) and its memory manager
         "System is out of GPU memory",
         "System is out of GPU and shared host memory",
-        'CUDA error: Out of memory in cuMemAlloc_v2(&device_pointer, size) (device_impl.cpp:795)',
+        "CUDA error: Out of memory in cuMemAlloc_v2(&device_pointer, size) (device_impl.cpp:795)",
         "OptiX error OPTIX_ERROR_HOST_OUT_OF_MEMORY in optixDeviceContextCreate",
         "render failed: std::bad_alloc",
     ],
@@ -91,8 +91,9 @@ def test_a_corrupt_file_is_named() -> None:
 def test_anything_else_keeps_its_first_sentence_and_nothing_of_the_server() -> None:
     text = "the denoiser wrote no image for frame.exr. More detail follows"
     assert cause("render_failed", text) == "the denoiser wrote no image for frame.exr"
-    hashed = cause("render_failed", "cannot read /srv/9f2c1a7be04d3e5f6a7b8c9d0e1f2a3b4c5d6e7f/x.blend: "
-                   "No such file or directory")  # fmt: skip
+    text = ("cannot read /srv/9f2c1a7be04d3e5f6a7b8c9d0e1f2a3b4c5d6e7f/x.blend: "
+            "No such file or directory")  # fmt: skip
+    hashed = cause("render_failed", text)
     assert hashed == "missing file x.blend"
 
 
