@@ -110,6 +110,27 @@ def select(rows: list[TaskRow], query: Any) -> list[TaskRow]:
     return present + absent
 
 
+def failures_json(job_id: str, rows: list[TaskRow]) -> list[dict[str, Any]]:
+    """Every failed attempt of the job grouped by its short cause, the most frequent first:
+    how many, in which frames, and the latest one's log."""
+    groups: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        for a in row.attempts:
+            if a.outcome != "failed" or not a.cause:
+                continue
+            g = groups.setdefault(a.cause, {"cause": a.cause, "attempts": 0, "frames": set(),
+                                            "log": None, "ended_s": -1.0})  # fmt: skip
+            g["attempts"] += 1
+            g["frames"].add(row.frame)
+            if (a.ended_s or 0.0) >= g["ended_s"]:
+                g["ended_s"], g["log"] = a.ended_s or 0.0, _log_url(job_id, row, a)
+    out = sorted(groups.values(), key=lambda g: (-g["attempts"], g["cause"]))
+    for g in out:
+        g["frames"] = sorted(g["frames"])
+        del g["ended_s"]
+    return out
+
+
 async def job_tasks(request: web.Request) -> web.Response:
     """``GET /api/jobs/{job_id}/tasks?state=&frames=&sort=&offset=&limit=``."""
     status = await job_for(request)  # 404 for a job outside the user's projects
@@ -137,6 +158,7 @@ async def job_tasks(request: web.Request) -> web.Response:
                 "now_s": time.time(),
                 "frames": [asdict(f) for f in figures.frames],
             },
+            "failures": failures_json(status.id, rows),
             # trimmed jobs keep their summary only (FARM_JOB_RETENTION_S)
             "trimmed": not rows and status.tiles_total > 0,
         }

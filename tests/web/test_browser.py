@@ -321,7 +321,9 @@ def test_failed_job_shows_its_reason_and_retries_failed_tiles(
         expect(page.locator("#reason")).to_contain_text("timed out after 0.3 s in frame 1")
         failed = page.locator("#tasks tbody tr[data-state=failed]")
         expect(failed).to_contain_text("timed out after 0.3 s in frame 1")
-        expect(page.locator("#task-failures")).to_contain_text("timed out after 0.3 s")
+        expect(page.locator("#task-failures")).to_contain_text(
+            "timed out after 0.3 s in frame 1" + "1 failed attempt · frame 1"
+        )
         log = context.request.get(
             site.live.url + str(failed.locator("a.log-link").get_attribute("href"))
         )

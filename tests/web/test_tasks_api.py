@@ -96,6 +96,7 @@ async def test_every_task_of_a_finished_job_has_its_worker_times_and_blenders_fi
         # Blender's own figure, from the render's stamp: a Cycles render of any scene uses MiBs
         assert t["peak_memory_mib"] > 0, t
         assert [a["outcome"] for a in t["attempts"]] == ["done"]
+    assert data["failures"] == [] and data["trimmed"] is False
     progress = data["progress"]
     assert (progress["tasks_total"], progress["tasks_done"], progress["eta_s"]) == (4, 4, None)
     assert progress["median_task_s"] > 0

@@ -85,17 +85,12 @@ function drawProgress(data) {
 }
 
 function drawFailures(data) {
-  // every short cause once, with how many tasks it stopped and one of their logs
-  const causes = new Map();
-  for (const t of data.tasks) {
-    if (!t.cause || t.state === "done") continue;
-    const c = causes.get(t.cause) || { n: 0, log: t.log, frame: t.frame };
-    c.n++;
-    causes.set(t.cause, c);
-  }
-  $("#task-failures").replaceChildren(...[...causes].map(([cause, c]) => el("div", { class: "callout bad failure" },
-    el("strong", {}, cause), `${c.n} task${c.n === 1 ? "" : "s"} on this page`,
-    c.log ? el("a", { class: "log-link", href: c.log, target: "_blank", rel: "noopener" }, `log of frame ${c.frame}`) : "")));
+  // the job's failed attempts by short cause, above everything else: the cause first, a log a click away
+  const frames = (list) => (list.length > 8 ? list.slice(0, 8).join(", ") + ", …" : list.join(", "));
+  $("#task-failures").replaceChildren(...data.failures.map((f) => el("div", { class: "callout bad failure" },
+    el("strong", {}, f.cause),
+    `${f.attempts} failed attempt${f.attempts === 1 ? "" : "s"} · frame${f.frames.length === 1 ? "" : "s"} ${frames(f.frames)}`,
+    f.log ? el("a", { class: "log-link", href: f.log, target: "_blank", rel: "noopener" }, "log") : "")));
 }
 
 function drawPager(data) {
