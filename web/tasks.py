@@ -52,9 +52,11 @@ def _log_url(job_id: str, row: TaskRow, a: Attempt) -> str | None:
 def _attempt_json(job_id: str, row: TaskRow, a: Attempt) -> dict[str, Any]:
     data = asdict(a)
     del data["logged"]
-    # an attempt that never reported its end, while the tile went on: its worker was lost
+    # an attempt that never reported its end while the tile went on (its worker was lost), or
+    # whose job was canceled under it
     if a.outcome == "rendering" and (a.attempt < row.attempt or row.state != "rendering"):
-        data["outcome"] = "lost"
+        current = a.attempt == row.attempt
+        data["outcome"] = "canceled" if row.state == "canceled" and current else "lost"
     data["duration_s"] = a.duration_s
     data["log"] = _log_url(job_id, row, a)
     return data

@@ -16,9 +16,11 @@ from farm import jobstore
 from farm.redisserver import RedisServer
 from farm.settings import Settings
 from farm.states import JobState
+from farm.taskrecords import Attempt, TaskRow
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, until
 from tests.web.conftest import Tokens, api, bearer, make_tokens, make_web_settings, wait_for_worker
+from web.tasks import select, task_json
 
 #: 2 frames x 2 tiles of 144x64 at 2 samples: seconds on a loaded machine
 RENDER_TIMEOUT_S = 120
@@ -165,3 +167,18 @@ async def test_the_exposure_view_is_the_full_frame_brighter_with_more_stops(
             resp = await client.get(f"{base}?exposure={bad}", headers=alice)
             assert resp.status == 400, bad
     assert means[0] < means[1] < means[2], means
+
+
+def test_attempts_that_never_reported_their_end_read_lost_or_canceled() -> None:
+    done = Attempt(2, "w2", "", 5.0, 7.0, outcome="done")
+    lost = TaskRow(1, 0, "done", 2, [Attempt(1, "w1", "", 0.0), done])
+    canceled = TaskRow(1, 1, "canceled", 1, [Attempt(1, "w1", "", 0.0)])
+    rendering = TaskRow(2, 0, "rendering", 1, [Attempt(1, "w2", "", 6.0)])
+    outcomes = [[a["outcome"] for a in task_json("j", r)["attempts"]]
+                for r in (lost, canceled, rendering)]  # fmt: skip
+    assert outcomes == [["lost", "done"], ["canceled"], ["rendering"]]
+    # sorting by a figure some tasks lack puts those last, either way round
+    for sort in ("ended", "-ended"):
+        assert [(r.frame, r.index) for r in select([canceled, lost, rendering], {"sort": sort})][
+            -2:
+        ] == [(1, 1), (2, 0)]

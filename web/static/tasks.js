@@ -178,5 +178,7 @@ function setupViewer() {
 $("#task-state").addEventListener("change", () => { view.state = $("#task-state").value; view.offset = 0; load(); });
 $("#task-prev").addEventListener("click", () => { view.offset = Math.max(0, view.offset - PAGE); load(); });
 $("#task-next").addEventListener("click", () => { view.offset += PAGE; load(); });
+// a retry runs the job again (job.js queues the tiles): follow it once more
+$("#retry").addEventListener("click", () => setTimeout(load, 1500));
 setupViewer();
 load();
