@@ -156,7 +156,7 @@ def table() -> list[Route]:
         R("GET", "/api/jobs/{job_id}/logs", jobs.job_logs, "the job's events and errors",
           tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/tiles/{frame}/{tile}/attempts/{attempt}/log",
-          tilelogs.tile_log, "a failed tile attempt's own log (Blender's log tail)",
+          tilelogs.tile_log, "a tile attempt's own log (Blender's lines, a failure's detail)",
           tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/frames", downloads.list_frames, "finished frame files",
           tags=("jobs",)),

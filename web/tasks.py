@@ -77,9 +77,11 @@ def task_json(job_id: str, row: TaskRow) -> dict[str, Any]:
         "duration_s": last.duration_s if last else None,
         "render_s": last.render_s if last else None,
         "peak_memory_mib": last.peak_memory_mib if last else None,
+        # the current attempt's own log (once it ended)
+        "log": _log_url(job_id, row, last) if last else None,
         # the latest failure's short cause, and its log
         "cause": failed[-1].cause if failed else "",
-        "log": _log_url(job_id, row, failed[-1]) if failed else None,
+        "cause_log": _log_url(job_id, row, failed[-1]) if failed else None,
         "attempts": [_attempt_json(job_id, row, a) for a in row.attempts],
     }
 

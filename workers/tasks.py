@@ -254,6 +254,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
     stopping = ctx.shutdown.rendering() if ctx.shutdown else contextlib.nullcontext()
     try:
         blend = ctx.prepare(spec.source, spec.project)
+        mark = ctx.child.log_mark()  # this attempt's part of Blender's log goes in its own log
         with renewal, stopping:
             result = ctx.child.render(
                 blend,
@@ -296,8 +297,9 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
     if outcome == "fenced":
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
     elif outcome in ("ok", "frame_ready"):
+        logged = _write_done_log(ctx, task, result, ctx.child.log_since(mark))
         ctx.record(task, "done", render_s=result.get("render_s"),
-                   peak_memory_mib=result.get("peak_memory_mib"))  # fmt: skip
+                   peak_memory_mib=result.get("peak_memory_mib"), logged=logged)  # fmt: skip
         metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
         metrics.TILE_SECONDS.labels(ctx.device.device_class).observe(time.monotonic() - t0)
     log.info("event=tile_done job=%s frame=%d tile=%d attempt=%d render_s=%.3f total_s=%.3f "
@@ -393,6 +395,31 @@ def _write_tile_log(
         ctx.storage.put_bytes(key, ("\n".join(lines) + "\n").encode("utf-8"))
     except FarmError as exc:  # the log is a courtesy: never fail the failure over it
         log.warning("event=tile_log_failed job=%s error=%r", task.job_id, exc.message)
+
+
+def _write_done_log(
+    ctx: WorkerContext, task: TileTask, result: dict[str, Any], blender: list[str]
+) -> bool:
+    """The committed attempt's own log: its figures and Blender's lines while it rendered,
+    stored with the job like a failed attempt's (only its project reads it)."""
+    lines = [
+        f"job {task.job_id} frame {task.frame} tile {task.index} attempt {task.attempt}",
+        f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name} "
+        f"device {ctx.device_label}",
+        "outcome: done",
+        *(f"{k}: {result[k]}" for k in ("render_s", "peak_memory_mib", "samples", "device",
+                                         "fallback") if result.get(k) is not None),
+        "",
+        "Blender's log (this attempt):",
+        *blender,
+    ]  # fmt: skip
+    try:
+        key = tile_log_key(task.job_id, task.frame, task.index, task.attempt)
+        ctx.storage.put_bytes(key, ("\n".join(lines) + "\n").encode("utf-8"))
+    except FarmError as exc:  # the log is a courtesy: never fail a rendered tile over it
+        log.warning("event=tile_log_failed job=%s error=%r", task.job_id, exc.message)
+        return False
+    return True
 
 
 class _Renewal:

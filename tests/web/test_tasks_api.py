@@ -86,7 +86,7 @@ async def test_every_task_of_a_finished_job_has_its_worker_times_and_blenders_fi
         (1, 0), (1, 1), (2, 0), (2, 1)
     ]  # fmt: skip
     for t in data["tasks"]:
-        assert (t["state"], t["attempt"], t["worker"], t["cause"], t["log"]) == (
+        assert (t["state"], t["attempt"], t["worker"], t["cause"], t["cause_log"]) == (
             "done",
             1,
             rendered.worker,
@@ -98,6 +98,15 @@ async def test_every_task_of_a_finished_job_has_its_worker_times_and_blenders_fi
         # Blender's own figure, from the render's stamp: a Cycles render of any scene uses MiBs
         assert t["peak_memory_mib"] > 0, t
         assert [a["outcome"] for a in t["attempts"]] == ["done"]
+    # each task's own log: its figures and what Blender said while it rendered
+    first = data["tasks"][0]
+    assert first["log"] == f"/api/jobs/{rendered.job_id}/tiles/1/0/attempts/1/log"
+    async with api(rendered.settings) as client:
+        text = await (await client.get(first["log"], headers=bearer(rendered.tokens.alice))).text()
+        other = await client.get(first["log"], headers=bearer(rendered.tokens.bob))
+    assert "outcome: done" in text and f"render_s: {first['render_s']}" in text, text
+    assert "Blender's log (this attempt):" in text and "event=render frame=1 " in text, text
+    assert other.status == 404
     assert data["failures"] == [] and data["trimmed"] is False
     progress = data["progress"]
     assert (progress["tasks_total"], progress["tasks_done"], progress["eta_s"]) == (4, 4, None)

@@ -17,7 +17,7 @@ let loading = null;
 const COLUMNS = [
   ["frame", "Frame"], ["tile", "Tile"], ["state", "State"], ["worker", "Worker"],
   ["started", "Started"], ["duration", "Duration"], ["render", "Render"], ["memory", "Peak mem"],
-  ["attempts", "Attempts"], [null, "Cause"],
+  ["attempts", "Attempts"], [null, "Log"], [null, "Cause"],
 ];
 
 const NUMERIC = new Set(["frame", "tile", "duration", "render", "memory", "attempts"]);
@@ -48,7 +48,7 @@ function sortBy(key) {
 
 function causeCell(t) {
   if (!t.cause) return el("td", { class: "muted" }, "");
-  return el("td", { class: "cause" }, t.cause, t.log ? el("a", { class: "log-link", href: t.log, target: "_blank", rel: "noopener" }, "log") : "");
+  return el("td", { class: "cause" }, t.cause, t.cause_log ? el("a", { class: "log-link", href: t.cause_log, target: "_blank", rel: "noopener" }, "log") : "");
 }
 
 function row(t) {
@@ -65,6 +65,7 @@ function row(t) {
     el("td", { class: "num", dataset: { col: "render" } }, secs(t.render_s)),
     el("td", { class: "num", dataset: { col: "memory" } }, mib(t.peak_memory_mib)),
     el("td", { class: "num" }, attempts),
+    el("td", { class: "small" }, t.log ? el("a", { class: "attempt-log", href: t.log, target: "_blank", rel: "noopener" }, `attempt ${t.attempt}`) : ""),
     causeCell(t));
 }
 
