@@ -17,8 +17,10 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import OpenEXR
 from aiohttp import web
 from PIL import Image
@@ -34,8 +36,11 @@ THUMB_PX = 256
 THUMB_CACHE_FILES = 4096
 #: exposure the viewer may ask for, in stops either way
 MAX_STOPS = 16.0
-#: the largest EXR the exposure view decodes (its float pixels are held in memory), px
-MAX_VIEW_PIXELS = 40_000_000
+#: the largest EXR the web decodes (its float channels are held in memory: 4096 x 4096 RGB
+#: float32 is 192 MiB; the web's pods are limited to 1 GiB), px
+MAX_VIEW_PIXELS = 4096 * 4096
+#: rows tone-mapped at a time, so the float temporaries stay a few MiB
+ROWS_PER_PASS = 128
 CACHE_HEADERS = {"Cache-Control": "private, max-age=3600"}
 
 
@@ -159,12 +164,22 @@ def _exr_image(path: Path, stops: float) -> Image.Image:
                 name = next((n for n in channels if n == c or n.endswith("." + c)), None)
                 if name is None:
                     raise RenderError(f"{path.name} has no {c} channel")
-                rgb.append(np.asarray(channels[name].pixels, dtype=np.float32))
+                rgb.append(channels[name].pixels)
+            out = np.empty((*rgb[0].shape, 3), dtype=np.uint8)
+            for top in range(0, out.shape[0], ROWS_PER_PASS):
+                rows = slice(top, top + ROWS_PER_PASS)
+                out[rows] = _srgb8(np.stack([c[rows] for c in rgb], axis=-1), stops)
     except (BadParameter, RenderError):
         raise
     except Exception as exc:
         raise RenderError(f"cannot read {path.name}: {type(exc).__name__}") from None
-    linear = np.nan_to_num(np.stack(rgb, axis=-1) * np.float32(2.0**stops), nan=0.0)
-    linear = np.clip(linear, 0.0, 1.0)
-    srgb = np.where(linear <= 0.0031308, linear * 12.92, 1.055 * np.power(linear, 1 / 2.4) - 0.055)
-    return Image.fromarray(np.round(srgb * 255).astype(np.uint8), "RGB")
+    return Image.fromarray(out, "RGB")
+
+
+def _srgb8(linear: npt.NDArray[Any], stops: float) -> npt.NDArray[np.uint8]:
+    """Linear RGB times 2^stops, clipped, through the sRGB transfer curve, as 8-bit values."""
+    x = np.nan_to_num(linear.astype(np.float32) * np.float32(2.0**stops), nan=0.0)
+    np.clip(x, 0.0, 1.0, out=x)
+    srgb = np.where(x <= 0.0031308, x * 12.92, 1.055 * np.power(x, 1 / 2.4) - 0.055)
+    out: npt.NDArray[np.uint8] = np.round(srgb * 255).astype(np.uint8)
+    return out
