@@ -155,13 +155,17 @@ def _exr_image(path: Path, stops: float) -> Image.Image:
             low, high = exr.header()["dataWindow"]
         pixels = int(high[0] - low[0] + 1) * int(high[1] - low[1] + 1)
         if pixels > MAX_VIEW_PIXELS:
-            raise BadParameter(f"{path.name} has {pixels} pixels; the view shows at most "
-                               f"{MAX_VIEW_PIXELS}", field="exposure")  # fmt: skip
+            raise BadParameter(f"{path.name} has {pixels} pixels; the web shows EXRs of at most "
+                               f"{MAX_VIEW_PIXELS} (download the file instead)",
+                               field="frame")  # fmt: skip
         with OpenEXR.File(str(path), separate_channels=True) as exr:
             channels = exr.channels()
             rgb = []
             for c in "RGB":
-                name = next((n for n in channels if n == c or n.endswith("." + c)), None)
+                # a multilayer EXR: the Combined pass, not whichever pass comes first
+                names = [n for n in channels if n == c or n.endswith("." + c)]
+                names.sort(key=lambda n: (n != c, not n.endswith(".Combined." + c), n))
+                name = names[0] if names else None
                 if name is None:
                     raise RenderError(f"{path.name} has no {c} channel")
                 rgb.append(channels[name].pixels)
