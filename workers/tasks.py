@@ -496,7 +496,11 @@ def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
     except FarmError as exc:
         log.warning("event=assembly_failed job=%s frame=%d error=%s message=%r fields=%r",
                     job_id, frame, exc.code, exc.message, exc.fields)  # fmt: skip
-        reason = redaction.public(f"frame {frame} could not be assembled: {exc.message}", job_id)
+        found = failures.classify(exc.code, exc.message, exc.fields, frame=frame,
+                                  device=ctx.device_label,
+                                  log_tail=exc.fields.get("log_tail") or ())  # fmt: skip
+        detail = failures.shown(found.cause, exc.message)
+        reason = redaction.public(f"frame {frame} could not be assembled: {detail}", job_id)
         ctx.store.end_job(job_id, JobState.FAILED, reason)
         metrics.observe_job_end(ctx.store, job_id)
         return
