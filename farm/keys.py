@@ -31,7 +31,8 @@ def job(job_id: str) -> str:
 
 
 def tiles(job_id: str) -> str:
-    """Hash: ``frame:index`` -> state; ``:a`` attempt, ``:f`` failures, ``:d`` lease deadline."""
+    """Hash: ``frame:index`` -> state; ``:a`` attempt, ``:f`` failures, ``:d`` lease deadline,
+    ``:r<attempt>`` that attempt's record (JSON, farm.taskrecords)."""
     return f"{PREFIX}:job:{job_id}:tiles"
 
 

@@ -145,20 +145,6 @@ async def job_file(request: web.Request) -> web.StreamResponse:
         return await _serve(request, store, name)
 
 
-async def thumbnail(request: web.Request) -> web.StreamResponse:
-    frame = _frame_number(request)
-    async with _output(request) as (job_id, store, files):
-        names = files.get(frame, {}) if frame > 0 else {}
-        for ext in PREVIEW_EXTS:
-            for name in names:
-                if name.endswith("." + ext):
-                    return await _serve(request, store, name)
-    raise NotFound(
-        f"job {job_id} has no preview of frame {frame} yet (it is written as PNG or JPEG "
-        "when the frame is done)"
-    )
-
-
 class _ToResponse(io.RawIOBase):
     """A file-like sink whose writes (from a worker thread) go out on the response."""
 

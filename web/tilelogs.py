@@ -1,4 +1,4 @@
-"""A failed tile attempt's own log (Blender's log tail, error detail), for its project only."""
+"""A tile attempt's own log (Blender's lines, error detail), for its project only."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ async def tile_log(request: web.Request) -> web.Response:
     except StorageNotFound:
         raise NotFound(
             f"job {status.id} has no log for frame {frame} tile {tile} attempt {attempt} "
-            "(only failed attempts have one)",
+            "(an attempt has one once it ended)",
             job_id=status.id,
         ) from None
     return web.Response(text=data.decode("utf-8", "replace"), content_type="text/plain")

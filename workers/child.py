@@ -627,6 +627,31 @@ class BlenderChild(lifetime.ChildHandle):
             **context,
         )
 
+    def log_mark(self) -> tuple[Path | None, int]:
+        """Where the child's log ends now; ``log_since`` gives what a request added after it."""
+        path = self._log_path
+        try:
+            return path, path.stat().st_size if path is not None else 0
+        except OSError:
+            return path, 0
+
+    def log_since(self, mark: tuple[Path | None, int], limit_bytes: int = 64 * 1024) -> list[str]:
+        """Blender's log lines written since ``mark`` (at most the last ``limit_bytes``); all of
+        a child's log when that child started after the mark."""
+        path, offset = mark
+        if self._log_path is None:
+            return []
+        if self._log_path != path:
+            offset = 0
+        try:
+            with open(self._log_path, "rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                log.seek(max(offset, end - limit_bytes))
+                text = log.read(end - log.tell()).decode("utf-8", "replace")
+        except OSError:
+            return []
+        return text.splitlines()
+
     def _log_tail(self) -> list[str]:
         if self._log_path is None:
             return []

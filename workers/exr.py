@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,25 @@ def read_size(path: Path) -> tuple[int, int]:
     except Exception as exc:
         raise RenderError(f"cannot read EXR image {path}: {exc}", path=str(path)) from exc
     return int(high[0] - low[0] + 1), int(high[1] - low[1] + 1)
+
+
+#: Blender's stamp of the render's peak memory: "2M", "1.5G" (binary units)
+_STAMPED_MEMORY = re.compile(r"\s*(?:Peak Memory\s*)?([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?\s*")
+_UNIT_MIB = {"K": 1 / 1024, "": 1 / (1024 * 1024), "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+
+
+def read_peak_memory_mib(path: Path) -> float | None:
+    """The peak memory Blender stamped into an EXR's header (``Memory``), in MiB; None when
+    the file has no such stamp or it cannot be read (the figure is a courtesy, never an error)."""
+    try:
+        with OpenEXR.File(str(path), header_only=True) as exr:
+            text = exr.header().get("Memory")
+    except Exception:
+        return None
+    m = _STAMPED_MEMORY.fullmatch(str(text)) if text is not None else None
+    if m is None:
+        return None
+    return round(float(m.group(1)) * _UNIT_MIB[m.group(2)], 3)
 
 
 def write_rgba(path: Path, array: npt.NDArray[Any], compression: str = "zip") -> None:

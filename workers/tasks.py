@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from farm import blocklist, delivery, dependencies, metrics, tagslots
+from farm import blocklist, delivery, dependencies, failures, metrics, tagslots
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
@@ -26,6 +26,7 @@ from farm.settings import Settings
 from farm.states import JobState
 from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
+from farm.taskrecords import TaskRecords
 from farm.workerstate import Reporter
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
@@ -68,6 +69,29 @@ class WorkerContext:
         path = self.settings.work_dir / self.name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    @functools.cached_property
+    def records(self) -> TaskRecords:
+        return TaskRecords(self.store.conn)
+
+    @property
+    def device_label(self) -> str:
+        """The device as a user reads it in a failure's cause and the task table."""
+        if self.device.index is None:
+            return "the CPU"
+        return f"GPU {self.device.index} ({self.device.model})"
+
+    def record(self, task: TileTask, ended: str = "", **fields: Any) -> None:
+        """Note the attempt's start (``ended`` empty) or end in the job's task records; the
+        records inform, so a Redis hiccup here is logged and the task goes on."""
+        try:
+            if ended:
+                self.records.ended(task, self.store.clock(), ended, **fields)
+            else:
+                self.records.started(task, self.name, self.device_label, self.store.clock())
+        except FarmError as exc:
+            log.warning("event=task_record_failed job=%s frame=%d tile=%d error=%r",
+                        task.job_id, task.frame, task.index, exc.message)  # fmt: skip
 
     def spec(self, job_id: str) -> JobSpec:
         if job_id not in self.specs:
@@ -215,6 +239,7 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
         log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
                  job_id, frame, index, attempt, started)  # fmt: skip
         return
+    ctx.record(task)
     spec = ctx.spec(job_id)
     if ctx.report.disabled():
         # taken in the moment its operator disabled it: handed back, not counted
@@ -260,6 +285,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
     stopping = ctx.shutdown.rendering() if ctx.shutdown else contextlib.nullcontext()
     try:
         blend = ctx.prepare(spec.source, spec.project)
+        mark = ctx.child.log_mark()  # this attempt's part of Blender's log goes in its own log
         with renewal, stopping:
             result = ctx.child.render(
                 blend,
@@ -302,6 +328,9 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
     if outcome == "fenced":
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
     elif outcome in ("ok", "frame_ready"):
+        logged = _write_done_log(ctx, task, result, ctx.child.log_since(mark))
+        ctx.record(task, "done", render_s=result.get("render_s"),
+                   peak_memory_mib=result.get("peak_memory_mib"), logged=logged)  # fmt: skip
         metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
         ctx.report.count("done")
         metrics.TILE_SECONDS.labels(ctx.device.device_class).observe(time.monotonic() - t0)
@@ -341,11 +370,22 @@ def _tile_failed(
     counts: bool = True,
     error: BaseException | None = None,
 ) -> None:
-    """Record the failed attempt under a reason the user may read; the whole story (error
-    fields, Blender's log tail) goes to the operator's log and the tile's own log."""
-    if error is not None:
-        _write_tile_log(ctx, task, reason, counts, error)
+    """Record the failed attempt under a reason the user may read, its short cause first
+    (farm.failures); the whole story (error fields, Blender's log tail) goes to the operator's
+    log and the tile's own log."""
     shown = redaction.public(reason, task.job_id)
+    cause = shown
+    if counts and error is not None:
+        fields = error.fields if isinstance(error, FarmError) else {}
+        code = error.code if isinstance(error, FarmError) else "internal"
+        found = failures.classify(code, reason, fields, frame=task.frame,
+                                  device=ctx.device_label,
+                                  log_tail=fields.get("log_tail") or ())  # fmt: skip
+        cause = redaction.public(found.cause, task.job_id)
+        shown = failures.shown(cause, shown)
+    if error is not None:
+        _write_tile_log(ctx, task, reason, counts, error, cause)
+    ctx.record(task, "failed" if counts else "requeued", cause=cause, logged=error is not None)
     outcome, next_attempt = ctx.store.fail_tile(task, shown, spec.max_attempts, counts)
     metrics.TILES_FAILED.labels(ctx.device.device_class, str(counts).lower()).inc()
     if counts:
@@ -379,7 +419,12 @@ def _count_against_worker(ctx: WorkerContext, spec: JobSpec, task: TileTask) -> 
 
 
 def _write_tile_log(
-    ctx: WorkerContext, task: TileTask, reason: str, counts: bool, error: BaseException
+    ctx: WorkerContext,
+    task: TileTask,
+    reason: str,
+    counts: bool,
+    error: BaseException,
+    cause: str = "",
 ) -> None:
     """The attempt's failure in full, stored with the job (only its project reads it)."""
     fields = dict(error.fields) if isinstance(error, FarmError) else {}
@@ -388,6 +433,7 @@ def _write_tile_log(
         f"job {task.job_id} frame {task.frame} tile {task.index} attempt {task.attempt}",
         f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name}",
         f"counts as a failure: {'yes' if counts else 'no'}",
+        f"cause: {cause or reason}",
         f"reason: {reason}",
         f"error: {getattr(error, 'code', type(error).__name__)}: {error}",
         *(f"{key}: {value}" for key, value in sorted(fields.items())),
@@ -401,6 +447,31 @@ def _write_tile_log(
         ctx.storage.put_bytes(key, ("\n".join(lines) + "\n").encode("utf-8"))
     except FarmError as exc:  # the log is a courtesy: never fail the failure over it
         log.warning("event=tile_log_failed job=%s error=%r", task.job_id, exc.message)
+
+
+def _write_done_log(
+    ctx: WorkerContext, task: TileTask, result: dict[str, Any], blender: list[str]
+) -> bool:
+    """The committed attempt's own log: its figures and Blender's lines while it rendered,
+    stored with the job like a failed attempt's (only its project reads it)."""
+    lines = [
+        f"job {task.job_id} frame {task.frame} tile {task.index} attempt {task.attempt}",
+        f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name} "
+        f"device {ctx.device_label}",
+        "outcome: done",
+        *(f"{k}: {result[k]}" for k in ("render_s", "peak_memory_mib", "samples", "device",
+                                         "fallback") if result.get(k) is not None),
+        "",
+        "Blender's log (this attempt):",
+        *blender,
+    ]  # fmt: skip
+    try:
+        key = tile_log_key(task.job_id, task.frame, task.index, task.attempt)
+        ctx.storage.put_bytes(key, ("\n".join(lines) + "\n").encode("utf-8"))
+    except FarmError as exc:  # the log is a courtesy: never fail a rendered tile over it
+        log.warning("event=tile_log_failed job=%s error=%r", task.job_id, exc.message)
+        return False
+    return True
 
 
 class _Renewal:
@@ -483,7 +554,11 @@ def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
     except FarmError as exc:
         log.warning("event=assembly_failed job=%s frame=%d error=%s message=%r fields=%r",
                     job_id, frame, exc.code, exc.message, exc.fields)  # fmt: skip
-        reason = redaction.public(f"frame {frame} could not be assembled: {exc.message}", job_id)
+        found = failures.classify(exc.code, exc.message, exc.fields, frame=frame,
+                                  device=ctx.device_label,
+                                  log_tail=exc.fields.get("log_tail") or ())  # fmt: skip
+        detail = failures.shown(found.cause, exc.message)
+        reason = redaction.public(f"frame {frame} could not be assembled: {detail}", job_id)
         ctx.store.end_job(job_id, JobState.FAILED, reason)
         metrics.observe_job_end(ctx.store, job_id)
         return

@@ -13,7 +13,8 @@ def tile_key(job_id: str, frame: int, index: int, attempt: int) -> str:
 
 
 def tile_log_key(job_id: str, frame: int, index: int, attempt: int) -> str:
-    """A failed attempt's full story (error fields, Blender's log tail): the job's project's."""
+    """An attempt's own log: a failed one's full story (error fields, Blender's log tail), a
+    committed one's figures and Blender's lines while it rendered; the job's project's."""
     return f"jobs/{job_id}/logs/{frame}/{index}-a{attempt}.log"
 
 

@@ -42,7 +42,7 @@ def test_a_tile_log_is_read_by_the_jobs_project_and_nobody_else(
             assert (await client.get(url)).status == 401
             attempt_2 = await client.get(url.replace("/1/log", "/2/log"),
                                          headers=bearer(alice))  # fmt: skip
-            assert attempt_2.status == 404 and "only failed attempts" in await attempt_2.text()
+            assert attempt_2.status == 404 and "once it ended" in await attempt_2.text()
             bad = await client.get(url.replace("/1/log", "/x/log"), headers=bearer(alice))
             assert bad.status == 400
 

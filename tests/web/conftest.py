@@ -94,7 +94,9 @@ async def api(settings: Settings) -> AsyncIterator[TestClient[Any, Any]]:
 SHA = "ab" * 32
 
 
-def make_job(settings: Settings, project: str, out: Path | str, tiles: str = "1x1") -> str:
+def make_job(
+    settings: Settings, project: str, out: Path | str, tiles: str = "1x1", frames: str = "1-2"
+) -> str:
     """A queued job of ``project`` (frames 1 and 2 of a 64x32 scene) accepted as the submit
     route accepts one, with a report in place of the inspection (no worker needed): the job's
     records, its tiles on the queue, the project's index."""
@@ -106,7 +108,7 @@ def make_job(settings: Settings, project: str, out: Path | str, tiles: str = "1x
     rq_conn = queue.connect(settings.redis_url)
     try:
         source = BlendSource("upload", f"uploads/{SHA}/upload.blend", SHA, "b.blend")
-        req = submission.RenderRequest(output=str(out), frames="1-2", tiles=tiles, project=project)
+        req = submission.RenderRequest(output=str(out), frames=frames, tiles=tiles, project=project)
         queue_ = queue.RenderQueue(rq_conn, req.device)
         return accept(settings, store, queue_, req, source, report=scene_report()).job_id
     finally:

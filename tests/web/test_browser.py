@@ -329,6 +329,17 @@ def test_failed_job_shows_its_reason_and_retries_failed_tiles(
         expect(page.locator("#reason")).to_contain_text("frame 1")
         expect(page.locator(".tile.failed")).to_have_count(1)
         expect(page.locator("#log .err")).not_to_have_count(0)
+        # the cause comes first, in the job's reason and in the task table, its log a click away
+        expect(page.locator("#reason")).to_contain_text("timed out after 0.3 s in frame 1")
+        failed = page.locator("#tasks tbody tr[data-state=failed]")
+        expect(failed).to_contain_text("timed out after 0.3 s in frame 1")
+        expect(page.locator("#task-failures")).to_contain_text(
+            "timed out after 0.3 s in frame 1" + "1 failed attempt · frame 1"
+        )
+        log = context.request.get(
+            site.live.url + str(failed.locator("a.log-link").get_attribute("href"))
+        )
+        assert log.ok and "cause: timed out after 0.3 s in frame 1" in log.text(), log.text()
         _shot(page, tmp_path, "failed")
         page.click("#retry")
         expect(page.locator(".toast")).to_contain_text("1 tile(s) queued again")
@@ -340,3 +351,89 @@ def test_failed_job_shows_its_reason_and_retries_failed_tiles(
     finally:
         context.close()
     assert farm.job(job_id)["state"] == "failed"
+
+
+def test_task_table_sorts_filters_and_shows_blenders_figures(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    """The job page's task table: a row per tile with worker, times and Blender's figures,
+    sorted by a column header, filtered by state. With FARM_SCREENSHOT_DIR set it saves the
+    README's picture of it there (task-table.png)."""
+    farm = client.FarmClient(site.live.url, site.token)
+    # 8 samples, not the scene's measured count: the table needs finished tasks, not slow ones
+    options = client.SubmitOptions(
+        frames="1-2", tiles="2x1", samples=8, formats="exr,png", name="table shot"
+    )
+    job_id = farm.submit_blend(str(site.blend), options, "shorts").job_id
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        _sign_in(page, site, f"/jobs/{job_id}")
+        expect(page.locator("#job-state")).to_have_text("done", timeout=RENDER_TIMEOUT_MS)
+        rows = page.locator("#tasks tbody tr")
+        expect(page.locator("#tasks tbody tr[data-state=done]")).to_have_count(
+            4, timeout=RENDER_TIMEOUT_MS
+        )
+        expect(rows.first).to_contain_text(site.worker.name)
+        expect(page.locator("#task-progress")).to_contain_text("4 / 4 tasks done")
+
+        def order() -> list[tuple[int, int]]:
+            cells = page.evaluate(
+                "() => [...document.querySelectorAll('#tasks tbody tr')]"
+                ".map((r) => [Number(r.dataset.frame), Number(r.dataset.tile)])"
+            )
+            return [(f, t) for f, t in cells]
+
+        def api_order(sort: str) -> list[tuple[int, int]]:
+            got = context.request.get(f"{site.live.url}/api/jobs/{job_id}/tasks?sort={sort}")
+            return [(t["frame"], t["tile"]) for t in got.json()["tasks"]]
+
+        # one click sorts by render time, a second click turns the order round
+        header = page.locator("#tasks th[data-sort=render]")
+        header.click()
+        expect(page.locator("#tasks th[data-sort=render]")).to_have_attribute(
+            "aria-sort", "ascending"
+        )
+        assert order() == api_order("render")
+        page.locator("#tasks th[data-sort=render]").click()
+        expect(page.locator("#tasks th[data-sort=render]")).to_have_attribute(
+            "aria-sort", "descending"
+        )
+        assert order() == api_order("-render")
+        renders = page.locator("#tasks tbody td[data-col=render]").all_inner_texts()
+        seconds = [float(t.split()[0]) for t in renders]
+        assert seconds == sorted(seconds, reverse=True) and seconds[-1] > 0, renders
+        memory = page.locator("#tasks tbody td[data-col=memory]").all_inner_texts()
+        assert all(m.endswith("MiB") for m in memory), memory
+
+        # the state filter: none failed, all four done
+        page.select_option("#task-state", "failed")
+        expect(rows).to_have_count(0)
+        expect(page.locator("#tasks-empty")).to_have_text("No failed tasks.")
+        page.select_option("#task-state", "done")
+        expect(rows).to_have_count(4)
+        page.locator(".frame-times summary").click()
+        expect(page.locator("#frame-times tr")).to_have_count(2)
+
+        shots = os.environ.get("FARM_SCREENSHOT_DIR")
+        if shots:
+            Path(shots).mkdir(parents=True, exist_ok=True)
+            page.locator("#tasks-panel").screenshot(path=str(Path(shots) / "task-table.png"))
+
+        # a frame opens full size; the exposure slider re-renders its EXR
+        page.locator(".frame[data-frame='2'] img.thumb.shown").click()
+        expect(page.locator("#viewer")).to_be_visible()
+        page.wait_for_function("() => document.querySelector('#viewer-img').naturalWidth === 64")
+        page.locator("#exposure").fill("2")
+        page.wait_for_function(
+            "() => document.querySelector('#viewer-img').src.includes('exposure=2')"
+            " && document.querySelector('#viewer-img').complete"
+            " && document.querySelector('#viewer-img').naturalWidth === 64"
+        )
+        expect(page.locator("#exposure-value")).to_have_text("+2 EV")
+    finally:
+        _shot(page, tmp_path, "task-table")
+        context.close()
+    assert not errors, errors

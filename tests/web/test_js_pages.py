@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from pathlib import Path
 
@@ -18,9 +18,11 @@ from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 from farm import keys
 from farm.models import Event
 from farm.redisserver import RedisServer
+from tests.conftest import TESTDATA
 from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS
-from tests.web.conftest import make_job, make_web_settings
+from tests.web.conftest import make_job, make_web_settings, scene_report
 from tests.web.test_addon_client import LiveWeb, member_token
+from web.uploads import report_json
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium")
 
@@ -138,3 +140,46 @@ def test_the_player_runs_on_the_webs_origin_and_shows_what_the_web_answers(
     page.wait_for_function("() => window.tessera && tessera.error !== null")
     assert page.evaluate("() => tessera.error.code") == "no_capacity"
     expect(page.locator("#error")).to_contain_text("no stream service is running")
+
+
+def test_a_big_job_pages_its_task_table_and_keeps_its_frame_cards_in_a_box(
+    site: Site, page: Page
+) -> None:
+    # 30 frames of 2 tiles, all queued (no worker): a table of 60 tasks, 50 to a page
+    job_id = make_job(site.live.settings, "shorts", site.out, tiles="2x1", frames="1-30")
+    _sign_in(page, site, f"/jobs/{job_id}")
+    expect(page.locator(".frame")).to_have_count(30)
+    rows = page.locator("#tasks tbody tr")
+    expect(rows).to_have_count(50)
+    expect(page.locator("#task-range")).to_have_text("1\u201350 of 60")
+    expect(page.locator("#task-progress")).to_contain_text("0 / 60 tasks done")
+    expect(page.locator("#task-progress")).to_contain_text("ETA after the first task")
+    # past 24 frames the cards scroll in their own box: the page is not a wall of cards
+    expect(page.locator("#frames.many")).to_have_count(1)
+    assert page.evaluate("() => document.querySelector('#frames').clientHeight") <= 520
+    page.click("#task-next")
+    expect(page.locator("#task-range")).to_have_text("51\u201360 of 60")
+    expect(rows).to_have_count(10)
+    expect(rows.last).to_have_attribute("data-frame", "30")
+    expect(page.locator("#task-next")).to_be_disabled()
+    page.select_option("#task-state", "done")  # back to the first page of what the filter keeps
+    expect(rows).to_have_count(0)
+    expect(page.locator("#task-range")).to_have_text("no tasks")
+
+
+def test_the_upload_page_says_the_farm_renders_an_eevee_file_with_cycles(
+    site: Site, page: Page
+) -> None:
+    # the inspection is answered here (no worker): what the web answers for an EEVEE file
+    def eevee(route: Route) -> None:
+        upload_id = route.request.url.split("/api/uploads/")[1].split("/")[0]
+        report = replace(scene_report(), engine="BLENDER_EEVEE")
+        route.fulfill(json={"upload_id": upload_id, **report_json(report)})
+
+    page.route("**/api/uploads/*/inspect*", eevee)
+    _sign_in(page, site, "/upload")
+    expect(page.locator("body[data-ready]")).to_have_count(1)
+    page.set_input_files("#file", str(TESTDATA / "01_principled_material.blend"))
+    engine = page.locator("#report [data-field=engine]")
+    expect(engine).to_contain_text("EEVEE")
+    expect(page.locator("#engine-note")).to_contain_text("The farm renders every job with Cycles")

@@ -165,7 +165,7 @@ function showReport(up, r) {
     ["Scene", r.scene],
     ["Frame range", `${r.frame_start} – ${r.frame_end}${step}` + (r.fps ? ` · ${r.fps} fps` : "")],
     ["Resolution", `${r.width} × ${r.height} px`],
-    ["Engine", String(r.engine || "").replace("BLENDER_", "").replace("_", " ")],
+    ["Engine", engineText(r.engine)],
     ["Samples", `${r.samples}` + (r.adaptive_sampling ? " · adaptive" : "") + (r.denoising ? " · denoise" : "")],
     ["Cameras", el("div", { class: "chips" }, (r.cameras || []).map((c) => el("span", { class: "chip" + (c === r.camera ? " active" : ""), title: c === r.camera ? "active camera" : "" }, c)))],
     ["Libraries", (r.libraries || []).length ? `${r.libraries.length} linked` : "none"],
@@ -176,6 +176,15 @@ function showReport(up, r) {
   $("#report").replaceChildren(...rows.flatMap(([k, v]) => [el("div", { class: "k" }, k), el("div", { class: "v", dataset: { field: k.toLowerCase().replace(/ /g, "-") } }, v)]));
   $("#inspect-busy").hidden = true;
   $("#inspection").hidden = false;
+}
+
+/** The file's engine, and for any engine but Cycles what the farm does with it. */
+function engineText(engine) {
+  const name = String(engine || "").replace("BLENDER_", "").replace(/_/g, " ");
+  if (!engine || engine === "CYCLES") return name;
+  return el("span", {}, name, el("div", { class: "engine-note", id: "engine-note" },
+    `The farm renders every job with Cycles, not ${name}: the file's ${name} settings `
+    + "(its look, its samples) do not carry over; check the first frame."));
 }
 
 function fillForm(up, r) {

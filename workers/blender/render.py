@@ -14,7 +14,7 @@ import bpy
 from farm.tiling import Rect, border_floats
 from workers.blender.errors import ChildError
 from workers.blender.process import log
-from workers.exr import read_layers, read_size, write_layers
+from workers.exr import read_layers, read_peak_memory_mib, read_size, write_layers
 
 if TYPE_CHECKING:
     from workers.blender.session import Session
@@ -72,6 +72,9 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         render_s = time.perf_counter() - t0
         if not tmp.is_file():
             raise ChildError("render_failed", f"Blender wrote no image for {out_path.name}")
+        # Blender's own figure, from the stamp _prepare_scene asks for (read before the
+        # multilayer rewrite below, which keeps only the farm's attributes)
+        peak_mib = read_peak_memory_mib(tmp)
         if req.get("layers") and len(layers) > 1:
             # The file lists passes by name only; say which view layer is the image.
             image = read_layers(tmp)
@@ -87,6 +90,7 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         "width": width_px,
         "height": height_px,
         "render_s": round(render_s, 4),
+        "peak_memory_mib": peak_mib,
         "autoexec_fail": opened["autoexec_fail"],
         "device": session.device_name if cycles_device == "GPU" else "CPU",
         "fallback": fallback,
@@ -126,6 +130,9 @@ def _prepare_scene(
     render.use_compositing = False
     render.use_sequencer = False
     render.use_stamp = False
+    # the render's peak memory as Blender reports it, stamped into the EXR's header (metadata
+    # only: nothing is burnt into the pixels while use_stamp is off)
+    render.use_stamp_memory = True
     if rect is None:
         render.use_border = False
         render.use_crop_to_border = False
