@@ -135,6 +135,9 @@ def _first_sentence(message: str, limit: int = 120) -> str:
 
 def shown(cause: str, detail: str) -> str:
     """The reason a user reads: the cause first, then the detail when it adds anything."""
-    if not detail or detail == cause or detail.startswith(cause):
+    if not detail:
         return cause
+    if detail.startswith(cause):
+        # the detail already reads cause first: all of it, or the rest would be cut off
+        return detail
     return f"{cause} — {detail}"

@@ -102,3 +102,6 @@ def test_the_shown_reason_puts_the_cause_first() -> None:
         "timed out after 1 s in frame 3 — Blender took longer than the 1 s limit"
     )
     assert shown("the scene has no camera", "the scene has no camera") == "the scene has no camera"
+    # a detail that begins with its own first sentence is shown whole, never cut to it
+    policy = "in project 'film' the member role may use device classes: gpu; not 'cpu'"
+    assert shown(classify("forbidden", policy, frame=1, device="the CPU").cause, policy) == policy
