@@ -38,6 +38,8 @@ log = logging.getLogger("tessera.jobcontrol")
 
 #: what the batch endpoint and the CLI may ask for
 ACTIONS = ("suspend", "resume", "requeue", "archive", "unarchive", "delete", "cancel")
+#: the animation's MP4 preview in a job's output (workers.stillmodes.PREVIEW_NAME)
+PREVIEW_FILE = "preview.mp4"
 #: tiles one requeue may name (a job holds at most farm.models.MAX_JOB_TASKS)
 MAX_REQUEUE_NAMES = 100_000
 
@@ -382,7 +384,7 @@ class JobControl:
             canceled = self.store.end_job(job_id, JobState.CANCELED, f"deleted by {who}") == "ok"
         # files first: a failure here leaves the records, and the delete can be asked again
         objects = self.storage.delete_prefix(f"jobs/{job_id}")
-        objects += self._delete_delivered(job_id, status.spec.output)
+        objects += self._delete_delivered(job_id, status.spec.output, status.spec.preview)
         outcome = guard(
             self._delete,
             keys=[keys.job(job_id), keys.tiles(job_id), keys.frame_counts(job_id),
@@ -395,9 +397,10 @@ class JobControl:
                  canceled, who)  # fmt: skip
         return Deleted(job_id, objects, canceled)
 
-    def _delete_delivered(self, job_id: str, output: str) -> int:
+    def _delete_delivered(self, job_id: str, output: str, preview: bool) -> int:
         """The files the job delivered (its records, else its manifest once trimmed), and the
-        manifest; never anything else in its output."""
+        manifest with the animation's preview where the manifest is the job's; never anything
+        else in its output."""
         target = delivery.open_output(output, self.settings)
         names: set[str] = set()
         for record in guard(self.conn.hvals, keys.delivered(job_id)):
@@ -407,6 +410,8 @@ class JobControl:
             if manifest.get("job_id") == job_id:
                 names |= {f["name"] for e in manifest["frames"] for f in e["files"]}
                 names.add(delivery.MANIFEST)
+                if preview:  # a requeue of the last frame drops it from the records
+                    names.add(PREVIEW_FILE)
         except (FarmError, ValueError, KeyError, OSError):
             pass  # no manifest (the job ended before its last frame), or not this job's
         count = 0

@@ -120,6 +120,9 @@ class JobStore:
         pipe.zadd(keys.project_jobs(spec.project), {job_id: now})
         event = Event("job_state", job_id, now, state=JobState.QUEUED.value)
         pipe.xadd(keys.events(job_id), event.to_fields())
+        # the jobs list's live feed (farm.jobscripts project_event, capped alike)
+        pipe.xadd(keys.project_events(spec.project), event.to_fields(), maxlen=1000,
+                  approximate=True)  # fmt: skip
         return tasks
 
     # --- changing a job's record ---------------------------------------------------------------

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from farm import keys, queue
+from farm import cli, keys, queue
 from farm.errors import BadParameter, Conflict, NotFound
 from farm.jobcontrol import JobControl
 from farm.jobstore import JobStore
@@ -57,6 +58,12 @@ def _render(store: JobStore, job_id: str, frame: int, attempt: int = 1) -> None:
     assert store.finish_frame(job_id, frame, assembly) == "ok"
 
 
+def _feed(store: JobStore) -> list[dict[str, str]]:
+    """The entries of project film's live feed, oldest first."""
+    entries: Any = store.conn.xrange(keys.project_events("film"))
+    return [fields for _id, fields in entries]
+
+
 def _actions(store: JobStore, job_id: str) -> list[Event]:
     return [e for e in store.events(job_id) if e.type == "job_action"]
 
@@ -89,8 +96,7 @@ def test_suspend_holds_what_a_worker_draws_lets_rendering_finish_and_resume_requ
     with pytest.raises(Conflict, match="only a suspended job can be resumed"):
         ctl.resume(job_id, "bob")
     # the project's feed saw the moves and the actions
-    feed = store.conn.xrange(keys.project_events("film"))
-    said = [(f["type"], f["state"]) for _id, f in feed if f["job_id"] == job_id]
+    said = [(f["type"], f.get("state")) for f in _feed(store) if f["job_id"] == job_id]
     assert ("job_action", "suspended") in said and ("job_state", "assembling") in said
 
 
@@ -215,5 +221,27 @@ def test_archive_hides_an_ended_job_and_delete_removes_its_records_and_files(
         ctl.delete(job_id, "alice", confirm=True)
     # a queued job is canceled, then deleted
     assert ctl.delete(other, "alice", confirm=True).canceled
-    feed = store.conn.xrange(keys.project_events("film"))
-    assert [f["message"] for _id, f in feed if f.get("state") == "deleted"] == ["deleted by alice"] * 2
+    deleted = [f["message"] for f in _feed(store) if f.get("state") == "deleted"]
+    assert deleted == ["deleted by alice"] * 2
+
+
+def test_the_cli_suspends_resumes_requeues_archives_and_deletes_only_with_yes(
+    store: JobStore, tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setenv("FARM_REDIS_URL", redis_url)
+    monkeypatch.setenv("FARM_STORAGE_DIR", str(tmp_path / "storage"))
+    job_id = _create(store, tmp_path / "out")
+    assert cli.main(["suspend", job_id]) == 0
+    assert store.state(job_id) == JobState.SUSPENDED
+    assert cli.main(["resume", job_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[job_id]["state"] == "queued"
+    _render(store, job_id, 1)
+    _render(store, job_id, 2)
+    assert cli.main(["requeue", job_id, "--frames", "2", "--tasks", "1:0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[job_id]["requeued_tiles"] == 4
+    assert cli.main(["requeue", job_id, "--tasks", "1"]) == 2, "not frame:index"
+    assert cli.main(["delete", job_id]) == 2, "not without --yes"
+    assert "confirm" in capsys.readouterr().err
+    assert cli.main(["delete", job_id, "--yes"]) == 0
+    assert cli.main(["archive", job_id]) == 3, "no such job any more"
