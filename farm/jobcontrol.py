@@ -229,7 +229,7 @@ class JobControl:
         """No tile of the job starts from now on; those rendering finish."""
         outcome = guard(self._suspend, keys=[keys.job(job_id), keys.events(job_id)],
                         args=[job_id, self.store.clock(), who])  # fmt: skip
-        self._refused(job_id, str(outcome), "only a queued or running job can be suspended")
+        self.check_outcome(job_id, str(outcome), "only a queued or running job can be suspended")
         log.info("event=job_suspended job=%s user=%s", job_id, who)
         return self.store.status(job_id)
 
@@ -237,7 +237,7 @@ class JobControl:
         """Run a suspended job again: its held tiles are queued; (status, tiles pushed)."""
         flat = guard(self._resume, keys=[keys.job(job_id), keys.tiles(job_id),
                      keys.events(job_id)], args=[job_id, self.store.clock(), who])  # fmt: skip
-        self._refused(job_id, str(flat[0]), "only a suspended job can be resumed")
+        self.check_outcome(job_id, str(flat[0]), "only a suspended job can be resumed")
         tasks = _tasks(job_id, flat[1:])
         self._push(job_id, tasks)
         log.info("event=job_resumed job=%s tiles=%d user=%s", job_id, len(tasks), who)
@@ -296,7 +296,7 @@ class JobControl:
         if outcome == "trimmed":
             raise Conflict(f"job {job_id} ended more than FARM_JOB_RETENTION_S ago and its tile "
                            "records were trimmed: submit it again", job_id=job_id)  # fmt: skip
-        self._refused(job_id, outcome, "")
+        self.check_outcome(job_id, outcome, "")
         count = int(flat[1])
         queued = _tasks(job_id, flat[2 : 2 + 3 * count])
         redelivered = sorted(int(f) for f in flat[2 + 3 * count :])
@@ -392,7 +392,7 @@ class JobControl:
                   keys.project_jobs(status.spec.project), keys.JOBS_ENDED],
             args=[job_id, self.store.clock(), who],
         )  # fmt: skip
-        self._refused(job_id, str(outcome), "a running job is canceled before it is deleted")
+        self.check_outcome(job_id, str(outcome), "a running job is canceled before it is deleted")
         log.info("event=job_deleted job=%s objects=%d canceled=%s user=%s", job_id, objects,
                  canceled, who)  # fmt: skip
         return Deleted(job_id, objects, canceled)
@@ -424,7 +424,7 @@ class JobControl:
     # --- plumbing ------------------------------------------------------------------------------
 
     @staticmethod
-    def _refused(job_id: str, outcome: str, why: str) -> None:
+    def check_outcome(job_id: str, outcome: str, why: str) -> None:
         if outcome == "ok":
             return
         if outcome == "no_job":

@@ -8,7 +8,7 @@ import re
 
 from aiohttp import web
 
-from farm.errors import BadParameter
+from farm.errors import BadParameter, NotFound
 from farm.states import JOB_FINAL, JobState
 from web.appkeys import STORE, blocking, waiting
 from web.jobs import job_for
@@ -49,7 +49,10 @@ async def job_events(request: web.Request) -> web.StreamResponse:
                 if event.type == "job_state" and JobState(event.state) in JOB_FINAL:
                     ended = True
             if not batch:
-                state = await blocking(request.app, store.state, status.id)
+                try:
+                    state = await blocking(request.app, store.state, status.id)
+                except NotFound:  # deleted meanwhile (web.jobcontrol): nothing more will come
+                    break
                 if state in JOB_FINAL:
                     break
                 await resp.write(b": waiting\n\n")

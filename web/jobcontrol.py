@@ -90,7 +90,7 @@ async def act(
         store = app[STORE]
         outcome = await blocking(app, store.end_job, status.id, JobState.CANCELED,
                                  f"canceled by {who}")  # fmt: skip
-        ctl._refused(status.id, outcome, "only a queued, running or suspended job can be "
+        ctl.check_outcome(status.id, outcome, "only a queued, running or suspended job can be "
                      "canceled")  # fmt: skip
         return job_json(await blocking(app, store.status, status.id))
     if action == "delete":

@@ -63,27 +63,36 @@ function draw() {
   drawBar();
 }
 
-async function load() {
+/** Read the list; `quiet`: asked by the feed, not the user (a lost session stops the feed, and
+ * the next thing the user does goes to the login page). */
+async function load(quiet = false) {
   const params = new URLSearchParams({ project: page.project(), sort: $("#sort").value, order: $("#order").value,
     archived: $("#archived").value });
   const state = $("#state").value;
   if (state) params.set("state", state);
   try {
-    const data = await api("/api/jobs?" + params);
+    const data = await api("/api/jobs?" + params, { redirect401: !quiet });
     jobs = data.jobs || [];
     // a selected job that left the list (deleted, archived, filtered out) is no longer selected
     const ids = new Set(jobs.map((j) => j.id));
     for (const id of [...selected]) if (!ids.has(id)) selected.delete(id);
     draw();
   } catch (e) {
-    toast(e.message, "bad");
+    if (quiet && e.status === 401) stopFeed();
+    else toast(e.message, "bad");
   }
+}
+
+function stopFeed() {
+  clearTimeout(reloadTimer);
+  if (feed) { feed.close(); feed = null; }
+  $("#live").classList.remove("on");
 }
 
 /** Reload once the burst of events that asked for it has passed. */
 function reloadSoon() {
   clearTimeout(reloadTimer);
-  reloadTimer = setTimeout(load, 250);
+  reloadTimer = setTimeout(() => load(true), 250);
 }
 
 function follow() {
@@ -124,9 +133,9 @@ page = await startPage("jobs", () => { selected.clear(); follow(); return load()
 if (page) {
   const query = new URLSearchParams(location.search);
   if (query.get("state")) $("#state").value = query.get("state");
-  for (const id of ["#state", "#sort", "#order", "#archived"]) $(id).addEventListener("change", load);
+  for (const id of ["#state", "#sort", "#order", "#archived"]) $(id).addEventListener("change", () => load());
   $("#search").addEventListener("input", draw);
-  $("#refresh").addEventListener("click", load);
+  $("#refresh").addEventListener("click", () => load());
   $("#pick-all").addEventListener("change", (e) => {
     for (const j of shownJobs()) { if (e.target.checked) selected.add(j.id); else selected.delete(j.id); }
     draw();
@@ -136,6 +145,7 @@ if (page) {
   }
   $("#clear-selection").addEventListener("click", () => { selected.clear(); draw(); });
   follow();
+  window.addEventListener("pagehide", stopFeed); // leaving (signing out too): no reload behind
   await load();
   document.body.dataset.ready = "1"; // handlers attached (tests wait for this)
 }
