@@ -247,6 +247,7 @@ def test_batch_answers_per_job_and_other_projects_jobs_are_404(farm: Farm) -> No
         assert (results[waiting]["ok"], results[waiting]["status"]) == (False, 409)
         assert results[theirs]["status"] == results["no-such-job"]["status"] == 404
         assert farm.post(f"/api/jobs/{theirs}/suspend", farm.ana).status_code == 404
+        assert farm.get("/api/events?project=other", farm.ana).status_code == 404
         assert farm.post("/api/jobs/batch", farm.ana, {"action": "explode", "ids": [ended]}
                          ).status_code == 400  # fmt: skip
         # archived jobs leave the default list, and come back with archived=1
@@ -308,6 +309,16 @@ def test_jobs_list_batch_archives_the_selection_and_follows_the_live_feed(
         expect(page.locator(f'tr[data-id="{late}"]')).to_have_count(1, timeout=15_000)
         expect(page.locator(f'tr[data-id="{late}"][data-state="done"]')).to_have_count(
             1, timeout=60_000)  # fmt: skip
+        # the job page requeues a frame of the done job and follows it to done again
+        page.goto(f"{farm.live.url}/jobs/{late}")
+        expect(page.locator("body[data-ready]")).to_have_count(1)
+        page.fill("#requeue-frames", "1")
+        page.click("#requeue")
+        expect(page.locator("#log")).to_contain_text("frame 1 requeued by ana")
+        expect(page.locator("#job-state .badge")).to_have_text("done", timeout=60_000)
+        assert farm.store.status(late).tiles_done == 1
+        page.goto(farm.live.url + "/")
+        expect(page.locator("body[data-ready]")).to_have_count(1)
         page.select_option("#archived", "1")
         for job_id in (first, second):
             expect(page.locator(f'tr.archived[data-id="{job_id}"]')).to_have_count(1)
