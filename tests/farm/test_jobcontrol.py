@@ -5,6 +5,7 @@ new attempts and fences off the old ones (tiles and assemblies); archive; delete
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,32 @@ def test_the_cli_suspends_resumes_requeues_archives_and_deletes_only_with_yes(
     assert "confirm" in capsys.readouterr().err
     assert cli.main(["delete", job_id, "--yes"]) == 0
     assert cli.main(["archive", job_id]) == 3, "no such job any more"
+
+
+def test_into_an_object_store_a_requeued_frame_is_removed_to_be_committed_again_and_delete_too(
+    store: JobStore, redis_url: str, tmp_path: Path, s3_endpoint: str, bucket: str
+) -> None:
+    from farm import delivery
+
+    settings = Settings().with_(
+        redis_url=redis_url,
+        storage_dir=tmp_path / "storage",
+        s3_endpoint_url=s3_endpoint,
+        s3_addressing_style="path",
+    )
+    ctl = JobControl(store, settings, LocalStorage(tmp_path / "storage"), queue.connect(redis_url))
+    out = f"s3://{bucket}/renders/shot"
+    job_id = _create(store, tmp_path / "unused")
+    spec = store.spec(job_id)
+    store.conn.hset(keys.job(job_id), "spec", replace(spec, output=out).to_json())
+    _render(store, job_id, 1)
+    _render(store, job_id, 2)
+    target = delivery.open_output(out, settings)
+    for name in ("frame_0001.png", "frame_0002.png", "other.txt"):
+        src = tmp_path / name
+        src.write_bytes(name.encode())
+        target.put(name, src, once=True)
+    ctl.requeue(job_id, "alice", frames=[2])
+    assert [o.key for o in target.list("")] == ["frame_0001.png", "other.txt"]
+    ctl.delete(job_id, "alice", confirm=True)
+    assert [o.key for o in target.list("")] == ["other.txt"]
