@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm import controlcli
 from farm.errors import BadParameter, Conflict, FarmError
 from farm.models import JOB_OPTIONS, JobOption
 from farm.settings import DEVICE_KINDS, ENV, Settings
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true")
     t = tok.add_parser("revoke", help="revoke a token by its id")
     t.add_argument("token_id")
+    controlcli.add_parsers(sub)
     return parser
 
 
@@ -589,4 +591,5 @@ COMMANDS = {
     "web": cmd_web,
     "up": cmd_up,
     "token": cmd_token,
+    **controlcli.COMMANDS,
 }

@@ -45,6 +45,7 @@ KEYS_LUA = keys.lua(
     "RELEASED",
     "WEBHOOK_OUTBOX",
     "WEBHOOK_PROJECTS",
+    "project_events",
 )
 
 #: What waiting for other jobs does inside the prelude (after ``job_move`` and ``end_tiles``):
@@ -143,6 +144,16 @@ local function event(evk, fields)
   redis.call('XADD', evk, 'MAXLEN', '~', 100000, '*', unpack(fields))
 end
 
+-- The same event on the job's project feed (the jobs list's live refresh), capped by length
+local function project_event(jk, fields)
+  local spec = redis.call('HGET', jk, 'spec')
+  if not spec then return end
+  local project = cjson.decode(spec)['project']
+  if type(project) == 'string' then
+    redis.call('XADD', keys.project_events(project), 'MAXLEN', '~', 1000, '*', unpack(fields))
+  end
+end
+
 -- what a job's end does to the jobs waiting for it (defined below, farm.dependencies)
 local on_final
 
@@ -161,7 +172,9 @@ local function job_move(jk, evk, jid, new, ts, reason)
     redis.call('ZADD', keys.JOBS_ENDED, ts, jid)
   end
   if reason ~= '' then redis.call('HSET', jk, 'reason', reason) end
-  event(evk, {{'type', 'job_state', 'job_id', jid, 'ts', ts, 'state', new, 'message', reason, 'v', '1'}})
+  local fields = {{'type', 'job_state', 'job_id', jid, 'ts', ts, 'state', new, 'message', reason, 'v', '1'}}
+  event(evk, fields)
+  project_event(jk, fields)
   if FINAL[new] then
     notify(jk, jid, 'job.' .. new, ts, '', reason)
     on_final(jid, new, ts)
@@ -245,6 +258,15 @@ local tile = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HGET', KEYS[2], tile) ~= 'queued' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
 end
+if st == 'suspended' then
+  -- held back, not started, no failure counted: resuming queues it under the next attempt
+  -- (a fresh rq task; this one may still be in rq's hands)
+  local held = tonumber(ARGV[4]) + 1
+  redis.call('HSET', KEYS[2], tile .. ':a', held, tile .. ':h', held)
+  redis.call('ZREM', REQUEUED, ARGV[1] .. '|' .. tile)
+  tile_event(KEYS[3], ARGV[1], ARGV[5], 'queued', ARGV[2], ARGV[3], held, 'held: the job is suspended')
+  return 'job_suspended'
+end
 tile_move(KEYS[2], tile, 'rendering')
 redis.call('HSET', KEYS[2], tile .. ':d', ARGV[6])
 redis.call('ZADD', TILE_DEADLINES, ARGV[6], ARGV[1] .. '|' .. tile)
@@ -305,8 +327,10 @@ local done = redis.call('HINCRBY', KEYS[1], 'tiles_done', 1)
 tile_event(KEYS[5], ARGV[1], ARGV[5], 'done', ARGV[2], ARGV[3], ARGV[4], '')
 local result = 'ok'
 if redis.call('HINCRBY', KEYS[3], ARGV[2], 1) == tonumber(ARGV[6]) then
-  -- offered as assembly attempt 1 (the rq task's attempt; see CLAIM_FRAME)
-  redis.call('HSET', KEYS[4], ARGV[2], ARGV[7], ARGV[2] .. ':a', 1)
+  -- offered as assembly attempt 1 (the rq task's attempt; see CLAIM_FRAME), or above every
+  -- attempt of an earlier assembly of a requeued frame, so none of those can claim it
+  local fa = tonumber(redis.call('HGET', KEYS[4], ARGV[2] .. ':last') or '0') + 1
+  redis.call('HSET', KEYS[4], ARGV[2], ARGV[7], ARGV[2] .. ':a', fa)
   redis.call('ZADD', FRAME_DEADLINES, ARGV[7], ARGV[1] .. '|' .. ARGV[2])
   result = 'frame_ready'
 end
@@ -367,11 +391,15 @@ FINISH_FRAME = (
     + """
 if redis.call('HGET', KEYS[2], ARGV[2] .. ':a') ~= ARGV[4] then return 'stale' end
 redis.call('HDEL', KEYS[2], ARGV[2], ARGV[2] .. ':a')
+redis.call('HSET', KEYS[2], ARGV[2] .. ':last', ARGV[4])
 redis.call('ZREM', FRAME_DEADLINES, ARGV[1] .. '|' .. ARGV[2])
 local st = redis.call('HGET', KEYS[1], 'state')
 if FINAL[st] then return 'job_' .. st end
 local done = redis.call('HINCRBY', KEYS[1], 'frames_done', 1)
-event(KEYS[3], {'type', 'frame_done', 'job_id', ARGV[1], 'ts', ARGV[3], 'frame', ARGV[2], 'v', '1'})
+redis.call('HSET', KEYS[2], ARGV[2] .. ':c', 1)
+local fields = {'type', 'frame_done', 'job_id', ARGV[1], 'ts', ARGV[3], 'frame', ARGV[2], 'v', '1'}
+event(KEYS[3], fields)
+project_event(KEYS[1], fields)
 notify(KEYS[1], ARGV[1], 'frame.done', ARGV[3], ARGV[2], '')
 if done == tonumber(redis.call('HGET', KEYS[1], 'frames_total')) then
   job_move(KEYS[1], KEYS[3], ARGV[1], 'done', ARGV[3], '')

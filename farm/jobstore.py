@@ -127,6 +127,9 @@ class JobStore:
         pipe.xadd(keys.events(job_id), event.to_fields())
         # the webhooks' job.submitted, in the same MULTI (an outbox entry only with a hook)
         self._submitted(keys=[keys.job(job_id)], args=[job_id, now], client=pipe)
+        # the jobs list's live feed (farm.jobscripts project_event, capped alike)
+        pipe.xadd(keys.project_events(spec.project), event.to_fields(), maxlen=1000,
+                  approximate=True)  # fmt: skip
         return tasks
 
     # --- changing a job's record ---------------------------------------------------------------
@@ -439,6 +442,12 @@ class JobStore:
         values = self._call(self.conn.hmget, keys.tiles(job_id), names)
         return [int(v or 0) for v in values]
 
+    def assembly_attempt(self, job_id: str, frame: int) -> int:
+        """The attempt a frame whose tiles are all in is offered for assembly under: 1, or
+        above every earlier assembly of a frame the user requeued (farm.jobcontrol)."""
+        value = self._call(self.conn.hget, keys.assembling(job_id), f"{frame}:a")
+        return int(value or 1)
+
     def tile_attempt(self, job_id: str, frame: int, index: int) -> int:
         value = self._call(self.conn.hget, keys.tiles(job_id), tile_key(frame, index) + ":a")
         return int(value or 0)
@@ -472,4 +481,5 @@ def _status_of(job_id: str, data: dict[str, str]) -> JobStatus:
         frames_done=int(data["frames_done"]),
         scripts_blocked=data.get("scripts_blocked") == "1",
         warnings=[w for w in data.get("warnings", "").split("\n") if w],
+        archived_s=opt("archived_s"),
     )

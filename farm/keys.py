@@ -32,7 +32,8 @@ def job(job_id: str) -> str:
 
 def tiles(job_id: str) -> str:
     """Hash: ``frame:index`` -> state; ``:a`` attempt, ``:f`` failures, ``:d`` lease deadline,
-    ``:r<attempt>`` that attempt's record (JSON, farm.taskrecords)."""
+    ``:r<attempt>`` that attempt's record (JSON, farm.taskrecords), ``:h`` the attempt a worker
+    held back because the job was suspended (farm.jobcontrol)."""
     return f"{PREFIX}:job:{job_id}:tiles"
 
 
@@ -42,13 +43,22 @@ def frame_counts(job_id: str) -> str:
 
 
 def assembling(job_id: str) -> str:
-    """Hash: frame -> assembly deadline (epoch seconds) of frames whose tiles are all in."""
+    """Hash: frame -> assembly deadline (epoch seconds) of frames whose tiles are all in;
+    ``:a`` the assembly attempt, ``:last`` the last attempt issued once ``:a`` is gone (a
+    requeued frame's next assembly goes above it), ``:c`` 1 while the frame counts as done."""
     return f"{PREFIX}:job:{job_id}:assembling"
 
 
 def events(job_id: str) -> str:
     """Stream of the job's progress events."""
     return f"{PREFIX}:job:{job_id}:events"
+
+
+def project_events(project_id: str) -> str:
+    """Stream of what changed in a project's jobs (state moves, frames done, users' actions):
+    the jobs list's live feed (a client reads the list again when it connects, so a short
+    backlog is enough: capped at about 1000 entries)."""
+    return f"{PREFIX}:project:{project_id}:events"
 
 
 def delivered(job_id: str) -> str:

@@ -379,6 +379,8 @@ class JobStatus:
     frames_done: int
     scripts_blocked: bool
     warnings: list[str] = field(default_factory=list)
+    #: when a user archived it (hidden from the default jobs list, kept); None: not archived
+    archived_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -8,7 +8,7 @@ import re
 
 from aiohttp import web
 
-from farm.errors import BadParameter
+from farm.errors import BadParameter, NotFound
 from farm.states import JOB_FINAL, JobState
 from web.appkeys import STORE, blocking, waiting
 from web.jobs import job_for
@@ -18,6 +18,8 @@ log = logging.getLogger("tessera.web.events")
 #: longest one XREAD waits (well under redis-py 8's default 5 s socket timeout); a comment
 #: line goes out after each empty wait, which keeps proxies from closing the stream
 BLOCK_MS = 2000
+#: events one XREAD returns at most (JobStore.events)
+READ_COUNT = 1000
 
 
 def sse(entry_id: str, data: str) -> bytes:
@@ -46,10 +48,16 @@ async def job_events(request: web.Request) -> web.StreamResponse:
             for event in batch:
                 after = event.id
                 await resp.write(sse(event.id, json.dumps(event.to_dict())))
-                if event.type == "job_state" and JobState(event.state) in JOB_FINAL:
-                    ended = True
+                if event.type == "job_state":
+                    # the latest move decides: a requeue runs an ended job again
+                    ended = JobState(event.state) in JOB_FINAL
+            if ended and len(batch) >= READ_COUNT:
+                ended = False  # more of the history may follow (an end, then a requeue)
             if not batch:
-                state = await blocking(request.app, store.state, status.id)
+                try:
+                    state = await blocking(request.app, store.state, status.id)
+                except NotFound:  # deleted meanwhile (web.jobcontrol): nothing more will come
+                    break
                 if state in JOB_FINAL:
                     break
                 await resp.write(b": waiting\n\n")

@@ -113,12 +113,37 @@ async def submit_job(request: web.Request) -> web.Response:
 # --- reading --------------------------------------------------------------------------------
 
 
+#: how the jobs list may be sorted (?sort=), each with its key
+SORTS = ("submitted", "state", "name", "progress")
+#: which jobs the list shows by archival (?archived=): not archived (default), only, all
+ARCHIVED = ("0", "1", "all")
+
+
+def _sort_key(sort: str) -> Any:
+    if sort == "state":
+        return lambda j: (j["state"], -j["created_s"])
+    if sort == "name":
+        return lambda j: (j["name"].lower(), -j["created_s"])
+    if sort == "progress":
+        return lambda j: (j["tiles_done"] / max(1, j["tiles_total"]), -j["created_s"])
+    return lambda j: j["created_s"]
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     user = user_of(request)
     project = request.query.get("project")
     state = request.query.get("state")
     if state is not None and state not in {s.value for s in JobState}:
         raise BadParameter(f"state {state!r} is not one of {', '.join(s.value for s in JobState)}")
+    sort = request.query.get("sort", "submitted")
+    if sort not in SORTS:
+        raise BadParameter(f"sort {sort!r} is not one of {', '.join(SORTS)}")
+    order = request.query.get("order", "desc" if sort in ("submitted", "progress") else "asc")
+    if order not in ("asc", "desc"):
+        raise BadParameter(f"order {order!r} is not asc or desc")
+    archived = request.query.get("archived", "0")
+    if archived not in ARCHIVED:
+        raise BadParameter(f"archived {archived!r} is not one of {', '.join(ARCHIVED)}")
     try:
         limit = min(500, max(1, int(request.query.get("limit", "100"))))
     except ValueError:
@@ -127,6 +152,11 @@ async def list_jobs(request: web.Request) -> web.Response:
     for p in projects:
         role_in(request, p)
     app = request.app
+
+    def wanted(status: JobStatus) -> bool:
+        if state is not None and status.state != state:
+            return False
+        return archived == "all" or (status.archived_s is not None) == (archived == "1")
 
     def read() -> list[dict[str, Any]]:
         ids: list[tuple[str, float]] = []
@@ -138,10 +168,12 @@ async def list_jobs(request: web.Request) -> web.Response:
         for status in app[STORE].statuses([job_id for job_id, _created in ids]):
             if status is None:
                 continue
-            if state is None or status.state == state:
+            if wanted(status):
                 out.append(job_json(status))
             if len(out) >= limit:
                 break
+        # the latest jobs (limit), in the order asked for
+        out.sort(key=_sort_key(sort), reverse=order == "desc")
         return out
 
     return web.json_response({"jobs": await blocking(app, read)})
@@ -166,7 +198,13 @@ def frames_view(store: JobStore, status: JobStatus) -> dict[str, Any]:
         frame, index = (int(x) for x in name.split(":"))
         if frame in tiles and 0 <= index < count:
             tiles[frame][index] = st.value
-    done = {e.frame for e in all_events(store, status.id) if e.type == "frame_done"}
+    done: set[int | None] = set()
+    for e in all_events(store, status.id):
+        if e.type == "frame_done":
+            done.add(e.frame)
+        elif e.type == "tile_state" and e.state == "queued":
+            done.discard(e.frame)  # requeued: the frame renders again
+
     out: dict[str, Any] = {}
     for frame, states in tiles.items():
         if frame in done:

@@ -339,7 +339,9 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
              task.attempt, result.get("render_s", 0.0), time.monotonic() - t0, outcome,
              lease.device, result.get("device"), lease.token)  # fmt: skip
     if outcome == "frame_ready":
-        ctx.queue.enqueue_assembly(task.job_id, task.frame, spec.tile_timeout_s, 1)
+        # 1, or above the earlier assemblies of a frame the user requeued
+        attempt = ctx.store.assembly_attempt(task.job_id, task.frame)
+        ctx.queue.enqueue_assembly(task.job_id, task.frame, spec.tile_timeout_s, attempt)
 
 
 def _store_tile(ctx: WorkerContext, task: TileTask, scratch: Path, renewal: _Renewal) -> None:

@@ -99,9 +99,10 @@ def test_ended_jobs_are_trimmed_to_their_summary_after_the_retention_and_active_
     _run_to_done(store, done)
     _fail(store, failed)
     conn = store.conn
+    # assembling: each done frame's last assembly attempt (a requeue goes above it)
     every = {
         keys.job(done), keys.tiles(done), keys.frame_counts(done), keys.events(done),
-        keys.delivered(done),
+        keys.delivered(done), keys.assembling(done),
     }  # fmt: skip
     assert _keys_of(conn, done) == every
     active_before = {k: conn.dump(k) for k in _keys_of(conn, active)}
@@ -159,10 +160,14 @@ def test_after_n_jobs_and_the_trim_redis_holds_the_baseline_plus_their_summaries
     after_keys, after_mem = rconn.dbsize(), rconn.info("memory")["used_memory"]
     summaries = sum(int(rconn.memory_usage(keys.job(j)) or 0) for j in jobs)
     indexes = sum(int(rconn.memory_usage(k) or 0) for k in (keys.JOBS, keys.project_jobs("film")))
+    # the project's live feed of the jobs list, capped by length (farm.jobscripts)
+    feed = int(rconn.memory_usage(keys.project_events("film")) or 0)
     print(f"keys: base={base_keys} full={full_keys} trimmed={after_keys}; used_memory bytes: "
           f"base={base_mem} full={full_mem} trimmed={after_mem} summaries={summaries} "
-          f"indexes={indexes}")  # fmt: skip
-    # the n summaries and the two job indexes; the ended-jobs index is empty, so gone
-    assert after_keys == base_keys + n + 2
-    assert after_mem - base_mem <= summaries + indexes + 64 * 1024
+          f"indexes={indexes} feed={feed}")  # fmt: skip
+    # the n summaries, the two job indexes and the project's feed; the ended-jobs index is
+    # empty, so gone
+    assert after_keys == base_keys + n + 3
+    assert rconn.xlen(keys.project_events("film")) < 1200
+    assert after_mem - base_mem <= summaries + indexes + feed + 64 * 1024
     assert full_mem - after_mem > (full_mem - base_mem) / 2

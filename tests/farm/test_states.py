@@ -27,6 +27,7 @@ TILE_ALLOWED = {
     (TileState.RENDERING, TileState.CANCELED),
     (TileState.FAILED, TileState.QUEUED),
     (TileState.CANCELED, TileState.QUEUED),
+    (TileState.DONE, TileState.QUEUED),
 }
 JOB_ALLOWED = {
     (JobState.WAITING, JobState.QUEUED),
@@ -42,6 +43,16 @@ JOB_ALLOWED = {
     (JobState.ASSEMBLING, JobState.FAILED),
     (JobState.ASSEMBLING, JobState.CANCELED),
     (JobState.FAILED, JobState.RUNNING),
+    (JobState.QUEUED, JobState.SUSPENDED),
+    (JobState.RUNNING, JobState.SUSPENDED),
+    (JobState.SUSPENDED, JobState.RUNNING),
+    (JobState.SUSPENDED, JobState.QUEUED),
+    (JobState.SUSPENDED, JobState.ASSEMBLING),
+    (JobState.SUSPENDED, JobState.FAILED),
+    (JobState.SUSPENDED, JobState.CANCELED),
+    (JobState.ASSEMBLING, JobState.RUNNING),
+    (JobState.DONE, JobState.RUNNING),
+    (JobState.CANCELED, JobState.RUNNING),
 }
 
 
@@ -63,14 +74,11 @@ def test_no_state_moves_to_itself() -> None:
         assert job_state not in JOB_TRANSITIONS[job_state]
 
 
-def test_final_states_have_no_exit_but_a_retry_of_failed() -> None:
-    # a failed job's tiles are failed or canceled (with the job): a retry queues both again
-    retried = {TileState.FAILED, TileState.CANCELED}
-    assert {s for s in TileState if not TILE_TRANSITIONS[s]} | retried == TILE_FINAL
-    assert {s for s in JobState if not JOB_TRANSITIONS[s]} | {JobState.FAILED} == JOB_FINAL
-    assert TILE_TRANSITIONS[TileState.FAILED] == {TileState.QUEUED}
-    assert TILE_TRANSITIONS[TileState.CANCELED] == {TileState.QUEUED}
-    assert JOB_TRANSITIONS[JobState.FAILED] == {JobState.RUNNING}
+def test_final_states_leave_only_for_a_retry_or_a_requeue() -> None:
+    # a failed job's tiles are failed or canceled (with the job): a retry queues both again;
+    # a done tile and a done or canceled job leave only when the user requeues (farm.jobcontrol)
+    assert all(TILE_TRANSITIONS[s] == {TileState.QUEUED} for s in TILE_FINAL)
+    assert all(JOB_TRANSITIONS[s] == {JobState.RUNNING} for s in JOB_FINAL)
 
 
 S = TypeVar("S", TileState, JobState)

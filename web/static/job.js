@@ -156,6 +156,14 @@ function drawHeader() {
   $("#priority").disabled = final;
   $("#set-priority").disabled = final;
   $("#retry").disabled = !canEdit || !(job.state === "failed" || countTiles().failed > 0);
+  $("#suspend").hidden = job.state === "suspended";
+  $("#suspend").disabled = !canEdit || !(job.state === "queued" || job.state === "running");
+  $("#resume").hidden = job.state !== "suspended";
+  $("#resume").disabled = !canEdit;
+  $("#requeue").disabled = !canEdit;
+  $("#archive").textContent = job.archived_s ? "Unarchive" : "Archive";
+  $("#archive").disabled = !canEdit || !(FINAL.has(job.state) || job.archived_s);
+  $("#delete").disabled = !canEdit;
   const any = countTiles().framesDone > 0 || (job.frames_done || 0) > 0;
   const dl = $("#download-all");
   dl.href = base + "/download.zip";
@@ -287,6 +295,14 @@ const EVENTS = Object.freeze({
     log: (ev) => `${where(ev)} done${said(ev)}`,
     level: () => "ok",
   },
+  job_action: {
+    apply(ev) {
+      if (ev.state === "archived") job.archived_s = ev.ts;
+      if (ev.state === "unarchived") job.archived_s = null;
+    },
+    log: (ev) => ev.message || `job ${ev.state}`,
+    level: () => "",
+  },
   warning: {
     apply(ev) {
       if ((ev.message || "").includes("blocklist")) loadBlocklist();
@@ -400,6 +416,47 @@ async function retry() {
   drawHeader();
 }
 
+/** Suspend, resume, requeue (the frames typed, else the unfinished tiles), archive, delete. */
+async function control(action) {
+  const button = $("#" + action);
+  const body = {};
+  if (action === "requeue") {
+    const text = $("#requeue-frames").value.trim();
+    if (text) {
+      const frames = parseFrameList(text);
+      if (!frames) { toast("Frames must look like 1-3,7", "bad"); return; }
+      body.frames = frames;
+    }
+  }
+  if (action === "archive" && job.archived_s) action = "unarchive";
+  if (action === "delete") {
+    if (!confirm("Delete this job with its frames and files? This cannot be undone.")) return;
+    body.confirm = true;
+  }
+  await withButton(button, async () => {
+    const r = await api(base + "/" + action, { method: "POST", json: body });
+    if (action === "delete") { location.assign("/"); return; }
+    toast(r.requeued_tiles !== undefined ? `${r.requeued_tiles} tile(s) queued again` : `Job ${action}d`, "ok");
+    job = await api(base);
+    buildFrames();
+    if (!FINAL.has(job.state) && !source) connect();
+  });
+  if (job) drawHeader();
+}
+
+/** "1-3,7" -> [1, 2, 3, 7]; null when it is not a frame list. */
+function parseFrameList(text) {
+  const out = [];
+  for (const part of text.split(",")) {
+    const m = /^\s*(-?\d+)(?:\s*-\s*(-?\d+))?\s*$/.exec(part);
+    if (!m) return null;
+    const a = Number(m[1]), b = m[2] === undefined ? a : Number(m[2]);
+    if (b < a || b - a > 100000) return null;
+    for (let f = a; f <= b; f++) out.push(f);
+  }
+  return out;
+}
+
 async function setPriority() {
   const value = parseInt($("#priority").value, 10);
   if (Number.isNaN(value)) { toast("Priority must be a whole number", "bad"); return; }
@@ -453,6 +510,9 @@ if (page) {
     $("#set-priority").addEventListener("click", setPriority);
     $("#clear-blocklist").addEventListener("click", clearBlocklist);
     loadBlocklist();
+    for (const action of ["suspend", "resume", "requeue", "archive", "delete"]) {
+      $("#" + action).addEventListener("click", () => control(action));
+    }
     loadFiles();
     connect(); // a finished job's stream replays its log and ends
     watchWaiting(base, () => job, drawNotes);
