@@ -192,11 +192,16 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
                  job_id, frame, index, attempt, started)  # fmt: skip
         return
     spec = ctx.spec(job_id)
+    # a SIGTERM's grace also ends the wait for a device: the worker must exit in time
+    stop = ctx.shutdown.abandoned if ctx.shutdown is not None else None
     try:
         request = _render_request(ctx, spec, job_id)
-        lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S)
+        lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S, stop=stop)
     except NoCapacity as exc:
-        _tile_failed(ctx, spec, task, exc.message, counts=False, error=exc)
+        why = exc.message
+        if stop is not None and stop.is_set():
+            why = "worker stopped before the tile finished; requeued"
+        _tile_failed(ctx, spec, task, why, counts=False, error=exc)
         return
     except FarmError as exc:
         _tile_failed(ctx, spec, task, exc.message, error=exc)
