@@ -82,6 +82,9 @@ class Worker:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def ready(self) -> bool:
+        return "event=worker_ready" in self.log_text()
+
     def blender_pids(self) -> list[int]:
         out = []
         for pid in descendants(self.proc.pid):
@@ -205,7 +208,13 @@ class ChaosFarm:
                 problems.append(f"worker {w.name} ignored signal {sig} for {timeout_s} s")
                 os.kill(w.proc.pid, signal.SIGKILL)
                 w.proc.wait(10)
-        if sig == signal.SIGTERM and w.proc.returncode not in (0, None):
+        # before it is ready a worker has taken no work and handles no signal: SIGTERM's
+        # default action ends it (what matters then is that its Blender child goes too)
+        if (
+            sig == signal.SIGTERM
+            and w.proc.returncode not in (0, None)
+            and (w.proc.returncode != -signal.SIGTERM or w.ready())
+        ):
             problems.append(f"worker {w.name} exited {w.proc.returncode} on SIGTERM")
         with contextlib.suppress(Exception):
             w.log.close()  # type: ignore[attr-defined]
@@ -217,7 +226,9 @@ class ChaosFarm:
     def busy_worker(self, pick: float) -> Worker | None:
         """A live worker whose Blender child is using the CPU (rendering), else any live one;
         ``pick`` in [0, 1) chooses among them (the run's seeded draw)."""
-        live = [w for w in self.workers if w.proc.poll() is None]
+        everyone = [w for w in self.workers if w.proc.poll() is None]
+        # a worker still starting has no tile to lose: prefer those at work
+        live = [w for w in everyone if w.ready()] or everyone
         if not live:
             return None
         before = {w.name: sum(cpu_ticks(p) for p in w.blender_pids()) for w in live}

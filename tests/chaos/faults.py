@@ -25,12 +25,18 @@ KINDS = (
 )
 
 
+#: what a worker may take past its SIGTERM grace to stop: killing its child, releasing its
+#: lease, leaving rq (a loaded machine); a tile's 30 s wait for a device must not count
+STOP_SLACK_S = 15.0
+
+
 @dataclass
 class Timing:
     """How long windows last, from the farm's lease (a pause or partition outlives it)."""
 
     lease_ttl_s: float
     s3_timeout_s: float
+    stop_grace_s: float
 
     @property
     def window_s(self) -> float:
@@ -113,9 +119,14 @@ def sigstop(farm: ChaosFarm, pick: float, t: Timing) -> Injected:
 
 def sigterm(farm: ChaosFarm, pick: float, t: Timing) -> Injected:
     def act(w: Worker) -> tuple[str, str]:
+        t0 = time.monotonic()
         problems = farm.stop_worker(w, signal.SIGTERM, timeout_s=60)
+        took_s = time.monotonic() - t0
+        if took_s > t.stop_grace_s + STOP_SLACK_S:
+            problems.append(f"{w.name} took {took_s:.1f} s to stop (grace {t.stop_grace_s} s)")
         replacement = farm.start_worker(w.slot)
-        return f"exit {w.proc.returncode}, replaced by {replacement.name}", "; ".join(problems)
+        return (f"exit {w.proc.returncode} in {took_s:.1f} s, replaced by {replacement.name}",
+                "; ".join(problems))  # fmt: skip
 
     return _worker_fault(farm, pick, "sigterm", act)
 

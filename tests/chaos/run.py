@@ -39,6 +39,8 @@ from workers.child import BlenderChild
 ENDED = ("done", "failed", "canceled")
 WIDTH, HEIGHT = 67, 41
 BUCKET = "chaos"
+#: a spot stop's grace: short, so that a SIGTERM mostly lands on a tile it must abandon
+STOP_GRACE_S = 1.0
 
 
 @dataclass
@@ -101,7 +103,7 @@ def run(plan: Plan, root: Path, out: TextIO = sys.stdout) -> Result:
     run_id = secrets.token_hex(2)
     env = {
         "FARM_LEASE_TTL_S": str(plan.lease_ttl_s),
-        "FARM_STOP_GRACE_S": "1",
+        "FARM_STOP_GRACE_S": str(STOP_GRACE_S),
         "FARM_CPU_THREADS": "1",
         "FARM_STORAGE_RETRY_S": "300",
         "FARM_JOB_RETENTION_S": str(plan.retention_s),
@@ -183,7 +185,7 @@ def _drive(
     source = LocalStorage(settings.storage_dir).put_upload(scene)
     rconn = farm.rconn()
     baseline = _redis_snapshot(rconn)
-    timing = Timing(plan.lease_ttl_s, plan.s3_timeout_s)
+    timing = Timing(plan.lease_ttl_s, plan.s3_timeout_s, STOP_GRACE_S)
     with WriteCounter() as writes:
         t0 = time.monotonic()
         for offset, what in schedule(plan, rng, unavailable(farm)):
@@ -258,9 +260,7 @@ def _check(
         if job.status is None:
             v.append(f"job {job.id} did not end")
         elif job.status.state != "done":
-            forced = "attempt" in job.status.reason and any(
-                i.kind == "blender_sigkill" for i in result.injected
-            )
+            forced = _forced(job.status.reason, result.injected)
             if not forced:
                 v.append(f"job {job.id} {job.status.state}: {job.status.reason}")
         rendering = [t for t, s in job.tiles.items() if s == "rendering"]
@@ -316,6 +316,15 @@ def _check(
     _check_redis(plan, farm, result, rconn, baseline)
 
 
+def _forced(reason: str, injected: list[Injected]) -> bool:
+    """A job may fail only where its tile ran out of attempts to faults that cost one: its
+    worker lost (SIGKILL, a pause, a partition past the lease) or its Blender child killed."""
+    if not re.search(r"failed after \d+ attempt\(s\)", reason):
+        return False
+    kinds = next((k for text, k in CAUSES if text in reason), ())
+    return any(i.kind in kinds for i in injected)
+
+
 def _read_frame(job: JobRecord, name: str, s3: Any) -> npt.NDArray[np.float32] | None:
     if job.folder is not None:
         path = job.folder / name
@@ -337,6 +346,10 @@ CAUSES = (
 )
 
 
+#: a tile event's reason naming the storage: such faults must be waited out, not retried
+STORAGE_FAULT = re.compile(r"storage|No space left|S3|SlowDown|did not answer", re.IGNORECASE)
+
+
 def _cause(result: Result, event: Event) -> int | None:
     kinds = next((k for text, k in CAUSES if text in event.message), KINDS)
     before = [n for n, i in enumerate(result.injected) if i.at <= event.ts and i.kind in kinds]
@@ -353,6 +366,10 @@ def _attribute(result: Result) -> None:
             if event.type != "tile_state" or not event.message:
                 continue
             cause = _cause(result, event)
+            if STORAGE_FAULT.search(event.message):
+                # a full disk or a storage outage costs time, never an attempt or a requeue
+                where = f"job {event.job_id} frame {event.frame} tile {event.tile}"
+                result.violations.append(f"{where} {event.state}: {event.message}")
             result.requeues.append(
                 f"{event.job_id} f{event.frame}t{event.tile} "
                 f"a{event.attempt} {event.state}: {event.message}"

@@ -13,8 +13,8 @@ SEED = 7
 
 
 def test_a_short_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
-    plan = Plan(seed=SEED, jobs=3, faults=len(KINDS), duration_s=25, workers=2, frames=2,
-                samples=120, lease_ttl_s=1.0, retention_s=3.0)  # fmt: skip
+    plan = Plan(seed=SEED, jobs=3, faults=len(KINDS), duration_s=20, workers=2, frames=2,
+                samples=80, lease_ttl_s=1.0, retention_s=3.0)  # fmt: skip
     out = io.StringIO()
     result = run(plan, tmp_path, out)
     report = out.getvalue()
