@@ -28,6 +28,7 @@ from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
+from workers.devicewait import acquire_for_tile
 from workers.shutdown import Shutdown
 from workers.storageretry import retry_storage
 from workers.uploadcache import cached_upload
@@ -196,7 +197,8 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
     stop = ctx.shutdown.abandoned if ctx.shutdown is not None else None
     try:
         request = _render_request(ctx, spec, job_id)
-        lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S, stop=stop)
+        lease = acquire_for_tile(ctx.store, ctx.allocator, ctx.name, task, request,
+                                 LEASE_WAIT_S, stop)  # fmt: skip
     except NoCapacity as exc:
         why = exc.message
         if stop is not None and stop.is_set():
