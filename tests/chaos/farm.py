@@ -38,7 +38,8 @@ class BridgedRedis(RedisServer):
     def _command(self) -> list[str]:
         command = super()._command()
         at = command.index("--bind") + 1
-        command[at : at + 1] = ["127.0.0.1", self.also_bind]
+        if self.also_bind != "127.0.0.1":  # loopback only where no namespaces could be made
+            command[at : at + 1] = ["127.0.0.1", self.also_bind]
         # no password on a private bridge: protected mode would refuse the namespaces
         command[command.index("--protected-mode") + 1] = "no"
         return command
