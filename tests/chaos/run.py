@@ -345,6 +345,7 @@ CAUSES = (
     ("stopped answering", ("worker_sigkill", "sigstop", "partition", "redis_sigkill")),
     ("worker stopped", ("sigterm",)),
     ("Blender crashed", ("blender_sigkill",)),
+    ("lease lost", ("sigstop", "partition", "redis_sigkill")),
 )
 
 
@@ -490,7 +491,7 @@ def _stop(farm: ChaosFarm) -> tuple[list[str], int]:
 
 
 def report(result: Result, out: TextIO) -> None:
-    header = ("fault", "injected", "mid-tile", "tiles requeued", "tile failures", "outcome")
+    header = ("fault", "injected", "mid-tile", "tiles requeued", "tiles failed", "outcome")
     rows = [header, *[tuple(str(c) for c in row) for row in result.table]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
