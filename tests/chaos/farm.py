@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -117,6 +118,8 @@ class ChaosFarm:
     _stop: threading.Event = field(default_factory=threading.Event)
     _monitor: threading.Thread | None = None
     _started: Counter[int] = field(default_factory=Counter)
+    #: what a namespace could reach when the farm started (empty without namespaces)
+    reach: dict[str, bool] = field(default_factory=dict)
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -138,6 +141,7 @@ class ChaosFarm:
         assert self.redis.port is not None
         self.net.allow_only(self.redis.port, int(self.proxy.url.rsplit(":", 1)[1]))
         self._slots = [self.net.add(i) for i in range(self.workers_per_run)]
+        self.reach = self._probe_reach()
         for slot in range(self.workers_per_run):
             self.start_worker(slot)
         self._monitor = threading.Thread(target=self._watch, name="pid-monitor", daemon=True)
@@ -164,6 +168,22 @@ class ChaosFarm:
                 problems.append(f"umount {self.disk}: {done.stderr.strip()}")
             self.mounted = False
         return problems
+
+    def _probe_reach(self) -> dict[str, bool]:
+        """From the first namespace: Redis, S3, and a port the host listens on for anyone (that
+        one must not answer)."""
+        ns = self._slots[0] if self._slots else None
+        if ns is None:
+            return {}
+        host = self.net.host_ip
+        with socket.socket() as decoy:
+            decoy.bind(("0.0.0.0", 0))
+            decoy.listen()
+            return {
+                "redis": self.net.reachable(ns, host, self.redis.port or 0),
+                "s3": self.net.reachable(ns, host, int(self.proxy.url.rsplit(":", 1)[1])),
+                "other_port": self.net.reachable(ns, host, decoy.getsockname()[1]),
+            }
 
     # --- workers ------------------------------------------------------------------------------
 

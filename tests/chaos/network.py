@@ -72,6 +72,9 @@ class Network:
         """From the namespaces, the host answers on these TCP ports and nothing else."""
         if not self.isolated:
             return
+        if not os.path.exists(IPTABLES):
+            self.reason = f"no iptables at {IPTABLES}: the host's other ports stay reachable"
+            return
         tag = ["-m", "comment", "--comment", f"tessera-chaos-{self.run_id}"]
         for rule in (
             *(["-i", self._bridge, "-p", "tcp", "--dport", str(p), *tag, "-j", "ACCEPT"]
@@ -104,6 +107,12 @@ class Network:
         """The argv prefix that runs a command inside ``ns``: its network only (`ip netns exec`
         would also remount /sys, hiding the cgroup filesystem the Blender sandbox needs)."""
         return [NSENTER, f"--net=/run/netns/{ns}", "--"] if ns else []
+
+    def reachable(self, ns: str, host: str, port: int, timeout_s: float = 1.0) -> bool:
+        """Whether a TCP connection from inside ``ns`` to host:port opens within the timeout."""
+        probe = f"exec 3<>/dev/tcp/{host}/{port}"
+        argv = [*self.prefix(ns), "timeout", str(timeout_s), "bash", "-c", probe]
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
 
     def partition(self, ns: str, up: bool) -> None:
         _run(IP, "link", "set", self.links[ns], "up" if up else "down")

@@ -122,8 +122,14 @@ def run(plan: Plan, root: Path, out: TextIO = sys.stdout) -> Result:
                            samples=plan.samples, frame_end=plan.frames)  # fmt: skip
         farm.start(disk_mib=256)
         note = f"{plan.workers} network namespaces on bridge {farm.net.host_ip}/24"
-        result = Result(plan, farm.net.isolated, farm.net.reason or note)
-        print(f"chaos: network: {result.network_note}", file=out, flush=True)
+        if farm.net.isolated and farm.net.reason:  # isolated, but not filtered
+            note += f" ({farm.net.reason})"
+        result = Result(plan, farm.net.isolated, note if farm.net.isolated else farm.net.reason)
+        print(f"chaos: network: {result.network_note}; from a namespace: {farm.reach}",
+              file=out, flush=True)  # fmt: skip
+        result.figures["namespace_reaches"] = farm.reach
+        if farm.reach and farm.reach != {"redis": True, "s3": True, "other_port": False}:
+            result.violations.append(f"a namespace reaches {farm.reach}, not only Redis and S3")
         reference = _references(scene, plan.frames, root / "reference")
         for w in farm.workers:
             until(lambda w=w: "event=worker_ready" in w.log_text() or w.proc.poll() is not None,  # type: ignore[misc]
