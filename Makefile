@@ -12,12 +12,13 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-stack lint bench example clean addon
+.PHONY: help setup demo test test-stack lint bench example clean addon chaos
 
 help:
 	@echo "make demo     set up, then render the example scene through the embedded farm"
 	@echo "make test     set up, then ruff, mypy and the whole pytest suite"
 	@echo "make test-stack  build the images, drive docker-compose.yml end to end (podman or Docker)"
+	@echo "make chaos    the long chaos run (root, ~10 min): seeded faults, then every promise checked (SEED=N)"
 	@echo "make setup    install what is missing (Debian packages, venv, pip packages)"
 	@echo "make lint     ruff and mypy only"
 	@echo "make bench    run every bench/*.py"
@@ -64,3 +65,10 @@ addon:
 clean:
 	rm -rf render/ out/ build/ dist/ .pytest_cache/ .mypy_cache/ .ruff_cache/ .hypothesis/ ./*.egg-info
 	find . \( -path ./.git -o -path ./.venv -o -path './$(VENV)' \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The long chaos run (root: network namespaces, a tmpfs): about 10 minutes of seeded random
+# faults against real workers, then a table of faults by kind and outcome (SEED=N repeats one).
+SEED ?=
+chaos: setup
+	$(PY) -m tests.chaos $(if $(SEED),--seed $(SEED)) --workers 3 --jobs 16 --faults 45 \
+		--duration 480 --samples 300

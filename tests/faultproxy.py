@@ -40,12 +40,15 @@ class Fault:
 class FaultLog:
     requests: list[Request] = field(default_factory=list)
     injected: list[tuple[str, Request]] = field(default_factory=list)
+    #: each request the upstream answered, with its status (also when the reply was then lost)
+    answered: list[tuple[Request, int]] = field(default_factory=list)
 
 
 class FaultProxy:
-    """``with FaultProxy(upstream_url) as proxy: proxy.url`` forwards to the upstream."""
+    """``with FaultProxy(upstream_url) as proxy: proxy.url`` forwards to the upstream; it
+    listens on ``listen`` (loopback unless another address must reach it)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, listen: str = "127.0.0.1") -> None:
         host_port = upstream.split("://", 1)[-1].rstrip("/")
         host, port = host_port.rsplit(":", 1)
         self.upstream = (host, int(port))
@@ -60,10 +63,10 @@ class FaultProxy:
             def handle(self) -> None:
                 proxy._serve(self.request)
 
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server = socketserver.ThreadingTCPServer((listen, 0), Handler)
         self.server.daemon_threads = True
         self.server.block_on_close = False
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{listen}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def inject(
@@ -142,6 +145,8 @@ class FaultProxy:
                     return
                 upstream.sendall(head + reader.exactly(length))
                 reply = up_reader.response(method)
+                with self._lock:
+                    self.log.answered.append((req, int(reply.split(b" ", 2)[1])))
                 if kind == "drop_reply":
                     _reset(client)
                     return

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,5 +214,29 @@ def test_a_stream_preempts_a_render_and_the_tile_is_requeued_not_failed(
         assert status.tile_failures == 0, "a preempted tile is not a failed tile"
         frame = exr.read_rgba(tmp_path / "o" / "frame_0001.exr")
         assert np.array_equal(frame, _reference(reference, slow_scene, tmp_path / "ref.exr"))
+    finally:
+        w.stop()
+
+
+def test_a_tile_waiting_for_its_device_keeps_its_lease_and_counts_no_failure(
+    redis_url: str, tmp_path: Path, slow_scene: Path
+) -> None:
+    # the chaos suite found this: workers sharing one CPU device, each tile that waited for it
+    # longer than a tile lease was requeued by the sweep as if its worker had died, and counted
+    w = WorkerProcess(redis_url, tmp_path, FARM_LEASE_TTL_S="1")
+    try:
+        alloc = SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=60)
+        until(lambda: alloc.devices(), 60, "the worker registering its device")
+        (device,) = alloc.devices()
+        held = alloc.acquire("test", Request("render", render_slots=1, device_ids=(device.id,)))
+        store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="1x1", samples=8)
+        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        # four tile leases pass while the device is busy (the sweep runs every lease)
+        busy_until = time.monotonic() + 4
+        until(lambda: time.monotonic() > busy_until, 10, "four tile leases passing")
+        alloc.release(held)
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 120)
+        assert store.tile_attempt(job_id, 1, 0) == 1, "the wait was taken for a lost worker"
+        assert store.status(job_id).tile_failures == 0
     finally:
         w.stop()

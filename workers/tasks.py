@@ -30,6 +30,7 @@ from farm.taskrecords import TaskRecords
 from farm.workerstate import Reporter
 from workers import redaction, stillmodes
 from workers.child import BlenderChild
+from workers.devicewait import acquire_for_tile
 from workers.shutdown import Shutdown
 from workers.storageretry import retry_storage
 from workers.uploadcache import cached_upload
@@ -246,11 +247,17 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
         _tile_failed(ctx, spec, task, f"worker {ctx.name} was disabled by an operator; requeued",
                      counts=False)  # fmt: skip
         return
+    # a SIGTERM's grace also ends the wait for a device: the worker must exit in time
+    stop = ctx.shutdown.abandoned if ctx.shutdown is not None else None
     try:
         request = _render_request(ctx, spec, job_id)
-        lease = ctx.allocator.acquire(ctx.name, request, wait_s=LEASE_WAIT_S)
+        lease = acquire_for_tile(ctx.store, ctx.allocator, ctx.name, task, request,
+                                 LEASE_WAIT_S, stop)  # fmt: skip
     except NoCapacity as exc:
-        _tile_failed(ctx, spec, task, exc.message, counts=False, error=exc)
+        why = exc.message
+        if stop is not None and stop.is_set():
+            why = "worker stopped before the tile finished; requeued"
+        _tile_failed(ctx, spec, task, why, counts=False, error=exc)
         return
     except FarmError as exc:
         _tile_failed(ctx, spec, task, exc.message, error=exc)

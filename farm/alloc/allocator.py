@@ -4,6 +4,7 @@ renders and streams through fenced, expiring leases held in Redis."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -201,22 +202,34 @@ class SlotAllocator:
         )
 
     def acquire(
-        self, holder: str, request: Request, wait_s: float = 0.0, poll_s: float = 0.05
+        self,
+        holder: str,
+        request: Request,
+        wait_s: float = 0.0,
+        poll_s: float = 0.05,
+        stop: threading.Event | None = None,
     ) -> Lease:
-        """A lease, waiting up to ``wait_s`` for room; NoCapacity when there is none by then."""
+        """A lease, waiting up to ``wait_s`` for room; NoCapacity when there is none by then,
+        or as soon as ``stop`` is set (a worker told to stop gives up waiting at once)."""
         deadline = time.monotonic() + wait_s
         delay = poll_s
+        stop = stop or threading.Event()
         while True:
             lease = self.try_acquire(holder, request)
             if lease is not None:
                 return lease
+            if stop.is_set():
+                raise NoCapacity(
+                    f"no room now for a {request.describe()}, and the waiter stopped waiting",
+                    request=request.describe(),
+                )
             if time.monotonic() + delay > deadline:
                 raise NoCapacity(
                     f"no room now for a {request.describe()}"
                     + (f" (waited {wait_s:.0f} s)" if wait_s else ""),
                     request=request.describe(),
                 )
-            time.sleep(delay)  # a bounded back-off between attempts, not a synchronisation
+            stop.wait(delay)  # a bounded back-off between attempts, cut short by ``stop``
             delay = min(delay * 2, 1.0)
 
     def renew(self, lease: Lease) -> Lease:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import redis
 
@@ -63,6 +66,22 @@ def test_a_request_that_could_fit_later_waits_then_is_refused(alloc: SlotAllocat
         alloc.acquire("r3", Request("render", render_slots=1, classes=("t4",)), wait_s=0.2)
     alloc.release(held[0])
     assert alloc.acquire("r3", Request("render", render_slots=1, classes=("t4",))).device == T4.id
+
+
+def test_a_waiter_told_to_stop_gives_up_at_once(alloc: SlotAllocator) -> None:
+    # a worker SIGTERMed while it waits for a device must not wait out the 30 s (chaos run)
+    for i in range(2):
+        alloc.acquire(f"r{i}", Request("render", render_slots=1, classes=("t4",)))
+    stop = threading.Event()
+    timer = threading.Timer(0.3, stop.set)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(NoCapacity) as err:
+        alloc.acquire("r3", Request("render", render_slots=1, classes=("t4",)), wait_s=60,
+                      stop=stop)  # fmt: skip
+    timer.join()
+    assert time.monotonic() - t0 < 10, "the waiter kept waiting after it was told to stop"
+    assert "stopped waiting" in err.value.message
 
 
 def test_tokens_grow_and_a_reissued_device_fences_the_old_holder(
