@@ -70,7 +70,10 @@ def test_a_crashing_job_fails_with_reasons_that_name_no_server_detail(
     try:
         store, rq, storage = _farm(w)
         plain = storage.put_upload(scenes["plain"])
-        report = submission.inspect(store.conn, rq, plain, TIMEOUT_S, project="A")
+        # inspected for B: project A's child then opens the broken file first thing. Read after
+        # another file, the broken one can be refused as corrupt ("unexpected data size")
+        # instead of crashing Blender, as the heap left by that file decides
+        report = submission.inspect(store.conn, rq, plain, TIMEOUT_S, project="B")
         # another job on the farm, whose id must not show in this one's failures
         other = submission.submit(rq.conn, store, rq, *submission.plan_job(
             submission.RenderRequest(output=tmp_path / "p", formats="exr", tiles="1x1",
