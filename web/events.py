@@ -26,13 +26,8 @@ def sse(entry_id: str, data: str) -> bytes:
     return f"id: {entry_id}\ndata: {data}\n\n".encode()
 
 
-async def job_events(request: web.Request) -> web.StreamResponse:
-    """Every event of the job (from ``Last-Event-ID`` or ``?after=`` on), then the end."""
-    status = await job_for(request)
-    store = request.app[STORE]
-    after = request.headers.get("Last-Event-ID") or request.query.get("after") or "0"
-    if not re.fullmatch(r"\d+(-\d+)?", after):
-        raise BadParameter(f"event id {after!r} is not a stream id like 1700000000000-0")
+async def sse_response(request: web.Request) -> web.StreamResponse:
+    """A server-sent event stream, started: never cached, never buffered by a proxy."""
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -41,6 +36,17 @@ async def job_events(request: web.Request) -> web.StreamResponse:
         }
     )
     await resp.prepare(request)
+    return resp
+
+
+async def job_events(request: web.Request) -> web.StreamResponse:
+    """Every event of the job (from ``Last-Event-ID`` or ``?after=`` on), then the end."""
+    status = await job_for(request)
+    store = request.app[STORE]
+    after = request.headers.get("Last-Event-ID") or request.query.get("after") or "0"
+    if not re.fullmatch(r"\d+(-\d+)?", after):
+        raise BadParameter(f"event id {after!r} is not a stream id like 1700000000000-0")
+    resp = await sse_response(request)
     ended = False
     try:
         while not ended:

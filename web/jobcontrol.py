@@ -11,17 +11,17 @@ from typing import Any
 from aiohttp import web
 
 from farm import keys
-from farm.errors import BadParameter, FarmError, NotFound
+from farm.errors import BadParameter, FarmError
 from farm.httperrors import status_of
 from farm.jobcontrol import ACTIONS, JobControl
-from farm.models import Event, JobStatus
+from farm.models import Event
 from farm.redisclient import guard
 from farm.states import JobState
 from web import jsonio
 from web.appkeys import CONN, RQ_CONN, SETTINGS, STORAGE, STORE, blocking, user_of, waiting
 from web.auth import role_in
-from web.events import BLOCK_MS, sse
-from web.jobs import job_json
+from web.events import BLOCK_MS, sse, sse_response
+from web.jobs import job_by_id, job_json
 
 log = logging.getLogger("tessera.web.jobcontrol")
 
@@ -36,19 +36,6 @@ _TASK = re.compile(r"(-?\d+):(\d+)")
 
 def control(app: web.Application) -> JobControl:
     return JobControl(app[STORE], app[SETTINGS], app[STORAGE], app[RQ_CONN])
-
-
-async def job_of(request: web.Request, job_id: str, at_least: str = ACTION_ROLE) -> JobStatus:
-    """The job, if it belongs to one of the user's projects (404 otherwise, as for a job that
-    does not exist), and the user may act on it there (403)."""
-    try:
-        status = await blocking(request.app, request.app[STORE].status, job_id)
-    except NotFound:
-        status = None
-    if status is None or user_of(request).role(status.spec.project) is None:
-        raise NotFound(f"no job {job_id!r} in your projects", job_id=job_id)
-    role_in(request, status.spec.project, at_least)
-    return status
 
 
 def requeue_choice(body: dict[str, Any]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -71,7 +58,7 @@ async def act(
 ) -> dict[str, Any]:
     """Do ``action`` to one job as the request's user; the job's JSON after it (with what the
     action did), or for a delete what was removed."""
-    status = await job_of(request, job_id)
+    status = await job_by_id(request, job_id, ACTION_ROLE)
     app, who = request.app, user_of(request).name
     ctl = control(app)
     if action == "suspend":
@@ -167,14 +154,7 @@ async def project_events(request: web.Request) -> web.StreamResponse:
     streams = {keys.project_events(p): "$" for p in projects}
     if not streams:
         raise BadParameter("you are in no project: there is nothing to follow")
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await resp.prepare(request)
+    resp = await sse_response(request)
     await resp.write(b": connected\n\n")
     # "$" means: what comes after the feed's last entry now (one id per project from here on)
     for key in streams:

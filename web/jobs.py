@@ -58,7 +58,12 @@ def job_json(status: JobStatus) -> dict[str, Any]:
 
 async def job_for(request: web.Request, at_least: str = "viewer") -> JobStatus:
     """The job in the URL, if it belongs to one of the user's projects (404 otherwise)."""
-    job_id = request.match_info["job_id"]
+    return await job_by_id(request, request.match_info["job_id"], at_least)
+
+
+async def job_by_id(request: web.Request, job_id: str, at_least: str = "viewer") -> JobStatus:
+    """The job, if it belongs to one of the user's projects (404 otherwise, as for a job that
+    does not exist), and the user has at least the role ``at_least`` there (403)."""
     try:
         status = await blocking(request.app, request.app[STORE].status, job_id)
     except NotFound:

@@ -22,6 +22,7 @@ from playwright.sync_api import ConsoleMessage, sync_playwright
 from farm import jobstore, keys
 from farm.accounts import Accounts
 from farm.settings import Settings
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS
 from tests.web.conftest import (
     Tokens,
     api,
@@ -32,7 +33,6 @@ from tests.web.conftest import (
     page_origin,
 )
 from tests.web.test_addon_client import LiveWeb
-from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS
 from web.pages import STATIC
 from web.serve import run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from playwright.sync_api import Browser, sync_playwright
 
 from farm import jobstore
 from farm.accounts import Accounts
 from farm.models import InspectionReport
 from farm.settings import Settings
+from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS
 from web.app import create_app
 
 
@@ -148,3 +150,14 @@ def page_origin(client: TestClient[Any, Any]) -> dict[str, str]:
     """The Origin header the web's own pages send (a cookie session's writes need it)."""
     url = client.make_url("/")
     return {"Origin": f"{url.scheme}://{url.host}:{url.port}"}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium per test module: the system's, never one a tool downloads."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (make setup does)")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()

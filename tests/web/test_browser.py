@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from encoder.app import running
 from farm import blocklist, jobstore
@@ -24,8 +24,6 @@ from tests.farmprocs import WorkerProcess
 from tests.web.conftest import wait_for_worker
 from tests.web.test_addon_client import LiveWeb, client, member_token
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 #: how long a page may take to show what the farm did (a 2x2 render of a tiny scene on 2 cores)
 RENDER_TIMEOUT_MS = 60_000
 
@@ -42,16 +40,6 @@ new MutationObserver((records) => {
   }
 }).observe(document, { subtree: true, attributes: true, attributeFilter: ["class"] });
 """
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (make setup does)")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from farm import jobstore, keys, queue, submission
 from farm.accept import accept
@@ -34,7 +34,6 @@ from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, wait_for
 from tests.web.conftest import wait_for_worker
 from tests.web.test_addon_client import LiveWeb
-from tests.web.test_browser import CHROMIUM, CHROMIUM_ARGS
 
 PROJECT = "film"
 
@@ -263,16 +262,6 @@ def test_batch_answers_per_job_and_other_projects_jobs_are_404(farm: Farm) -> No
         assert reply.json()["results"][0]["state"] == "canceled"
     finally:
         os.kill(farm.worker.proc.pid, signal.SIGCONT)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (make setup does)")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def test_jobs_list_batch_archives_the_selection_and_follows_the_live_feed(

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Route, expect
 
 from farm import keys
 from farm.models import Event
 from farm.redisserver import RedisServer
 from tests.conftest import TESTDATA
-from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS
+from tests.encoder.chromium import CHROMIUM
 from tests.web.conftest import make_job, make_web_settings, scene_report
 from tests.web.test_addon_client import LiveWeb, member_token
 from web.uploads import report_json
@@ -51,14 +51,6 @@ def site(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) ->
         live.close()
         conn.flushall()
         conn.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ from tests.conftest import TESTDATA
 from tests.farmprocs import WorkerProcess, until
 from tests.web.conftest import Tokens, make_tokens, wait_for_worker
 from tests.web.test_addon_client import LiveWeb
-from tests.web.test_browser import browser  # noqa: F401 (the module's Chromium)
 
 WORKER = "w-ops"
 #: a job's tiles render in about half a second each on 2 cores
@@ -229,7 +228,7 @@ def test_farm_workers_lists_disables_enables_and_farm_submit_refuses_a_gpu_job_a
 
 def test_the_workers_page_shows_rendering_draining_and_lets_an_admin_disable_and_enable(
     farm: Farm,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
 ) -> None:
     context = browser.new_context(viewport={"width": 1360, "height": 560})
     page = context.new_page()
