@@ -244,16 +244,23 @@ def observe_gpus(devices: Sequence[Device], gpus: Iterable[GpuInfo]) -> None:
 # --- the farm as Redis holds it (read at scrape time) -------------------------------------------
 
 
+#: how long one scrape waits for Redis to come back before it reports the farm down
+SCRAPE_RIDE_OUT_S = 2.0
+
+
 class FarmCollector(Collector):
     """Queue depth, device capacity and use, leases and usage totals, read from Redis."""
 
     def __init__(self, settings: Settings) -> None:
-        from farm import jobstore, queue
+        from farm import redisclient
         from farm.alloc.allocator import SlotAllocator
 
         self.settings = settings
-        self.conn = jobstore.connect(settings.redis_url)
-        self.rq_conn = queue.connect(settings.redis_url)
+        # a scrape must answer within Prometheus' scrape timeout (10 s by default): with Redis
+        # away it reports the farm down at once instead of riding the outage out
+        url, ride_out_s = settings.redis_url, SCRAPE_RIDE_OUT_S
+        self.conn = redisclient.connect(url, ride_out_s=ride_out_s)
+        self.rq_conn = redisclient.connect(url, text=False, ride_out_s=ride_out_s)
         self.allocator = SlotAllocator(self.conn, ttl_s=settings.lease_ttl_s)
 
     def describe(self) -> Iterator[Metric]:

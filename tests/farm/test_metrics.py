@@ -205,8 +205,11 @@ def test_a_worker_metrics_server_serves_on_a_free_port_and_stops() -> None:
 
 def test_redis_away_reads_as_farm_down_not_a_failed_scrape() -> None:
     metrics.register_farm_collector(Settings(redis_url=f"redis://127.0.0.1:{_free_port()}/0"))
+    t0 = time.monotonic()
     try:
         farm = parse(metrics.exposition()[0].decode())
     finally:
         metrics.unregister_farm_collector()
     assert value(farm, "tessera_farm_up") == 0
+    # within Prometheus' default scrape timeout (10 s), or the scrape fails instead
+    assert time.monotonic() - t0 < 10
