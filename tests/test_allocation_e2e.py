@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -115,18 +114,18 @@ def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_scene(tmp_path_factory.mktemp("alloc") / "slow.blend", width=96, height=54)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlenderChild]:
-    with BlenderChild(python=sys.executable, work_dir=tmp_path_factory.mktemp("ref")) as child:
-        yield child
-
-
 SLOW_SAMPLES = 1500
 
 
-def _reference(child: BlenderChild, blend: Path, out: Path) -> npt.NDArray[np.float32]:
-    child.render(blend, frame=1, width=96, height=54, rect=None, samples=SLOW_SAMPLES,
-                 out_path=out, timeout_s=300)  # fmt: skip
+@pytest.fixture(scope="module")
+def reference(
+    slow_scene: Path, tmp_path_factory: pytest.TempPathFactory
+) -> npt.NDArray[np.float32]:
+    """The slow scene's frame as a plain Blender child renders it, once for the module."""
+    out = tmp_path_factory.mktemp("ref") / "ref.exr"
+    with BlenderChild(python=sys.executable, work_dir=out.parent) as child:
+        child.render(slow_scene, frame=1, width=96, height=54, rect=None,
+                     samples=SLOW_SAMPLES, out_path=out, timeout_s=300)  # fmt: skip
     return exr.read_rgba(out)
 
 
@@ -155,7 +154,7 @@ def test_renders_hold_leases_and_farm_gpus_shows_the_device(
 
 
 def test_a_worker_paused_past_its_lease_cannot_commit_and_the_takeover_output_counts(
-    redis_url: str, tmp_path: Path, slow_scene: Path, reference: BlenderChild
+    redis_url: str, tmp_path: Path, slow_scene: Path, reference: npt.NDArray[np.float32]
 ) -> None:
     env = {"FARM_LEASE_TTL_S": "2", "FARM_CPU_RENDER_SLOTS": "2", "FARM_CPU_THREADS": "1"}
     a = WorkerProcess(redis_url, tmp_path, "paused", **env)
@@ -178,7 +177,7 @@ def test_a_worker_paused_past_its_lease_cannot_commit_and_the_takeover_output_co
         assert "attempt=2" in b.log_text() and "commit=frame_ready" in b.log_text()
         assert store.tile_attempt(job_id, 1, 0) == 2
         frame = exr.read_rgba(tmp_path / "o" / "frame_0001.exr")
-        assert np.array_equal(frame, _reference(reference, slow_scene, tmp_path / "ref.exr"))
+        assert np.array_equal(frame, reference)
     finally:
         with_pid = a.proc.pid
         if a.proc.poll() is None:
@@ -189,7 +188,7 @@ def test_a_worker_paused_past_its_lease_cannot_commit_and_the_takeover_output_co
 
 
 def test_a_stream_preempts_a_render_and_the_tile_is_requeued_not_failed(
-    redis_url: str, tmp_path: Path, slow_scene: Path, reference: BlenderChild
+    redis_url: str, tmp_path: Path, slow_scene: Path, reference: npt.NDArray[np.float32]
 ) -> None:
     # the CPU device has room for the render (1024 MiB) or the stream (1000 MiB), not both
     env = {"FARM_LEASE_TTL_S": "1.5", "FARM_RENDER_VRAM_FLOOR_MIB": "1024",
@@ -213,7 +212,7 @@ def test_a_stream_preempts_a_render_and_the_tile_is_requeued_not_failed(
         status = store.status(job_id)
         assert status.tile_failures == 0, "a preempted tile is not a failed tile"
         frame = exr.read_rgba(tmp_path / "o" / "frame_0001.exr")
-        assert np.array_equal(frame, _reference(reference, slow_scene, tmp_path / "ref.exr"))
+        assert np.array_equal(frame, reference)
     finally:
         w.stop()
 

@@ -2,8 +2,9 @@
 
 The image runs `pip install .`; a module that imports something only the ``dev`` extra brings
 (Pillow once) kills the service at start there while every test here passes. This builds a
-fresh venv from the working tree's sources (pip reuses its wheel cache: about a minute), then
-imports every module of the four packages from it and starts the services' commands.
+fresh venv from the working tree's sources (pip reuses its wheel cache and compiles no .pyc:
+about 40 s), then imports every module of the four packages from it and starts the services'
+commands.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def clean_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_env())
     pip = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(src)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", str(src)],
         capture_output=True,
         text=True,
         timeout=INSTALL_TIMEOUT_S,
