@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from farm import jobstore, queue, submission
-from farm.errors import BlenderCrashed
+from farm.errors import BadBlendFile, BlenderCrashed
 from farm.storage.layout import tile_log_key
 from farm.storage.local import LocalStorage
 from tests.blendscenes import make_scene
@@ -70,33 +70,38 @@ def test_a_crashing_job_fails_with_reasons_that_name_no_server_detail(
     try:
         store, rq, storage = _farm(w)
         plain = storage.put_upload(scenes["plain"])
-        # inspected for B: project A's child then opens the broken file first thing. Read after
-        # another file, the broken one can be refused as corrupt ("unexpected data size")
-        # instead of crashing Blender, as the heap left by that file decides
         report = submission.inspect(store.conn, rq, plain, TIMEOUT_S, project="B")
         # another job on the farm, whose id must not show in this one's failures
         other = submission.submit(rq.conn, store, rq, *submission.plan_job(
             submission.RenderRequest(output=tmp_path / "p", formats="exr", tiles="1x1",
                                      project="B"), report, plain), False)  # fmt: skip
         broken = storage.put_upload(scenes["segfault"])
-        with pytest.raises(BlenderCrashed) as inspected:
+        # Blender reads past the file's blocks: it dies of SIGSEGV, or finds the sizes wrong
+        # ("unexpected data size") where what lies past them is mapped. The heap decides (the
+        # paths of the checkout and venv, a file opened before): one checkout crashes every time,
+        # another never. Either way the user reads a reason that names nothing of the server.
+        with pytest.raises((BlenderCrashed, BadBlendFile)) as inspected:
             submission.inspect(store.conn, rq, broken, TIMEOUT_S, project="A")
         _assert_public(inspected.value.message, other)
         assert "log_tail" not in inspected.value.fields and "path" not in inspected.value.fields
-        # forced past inspection: every attempt crashes Blender while opening the file
+        # forced past inspection: every attempt fails while Blender opens the file
         req = submission.RenderRequest(output=tmp_path / "o", formats="exr", tiles="1x1",
                                        project="A", max_attempts=2)  # fmt: skip
         spec, warnings = submission.plan_job(req, report, broken)
         job_id = submission.submit(rq.conn, store, rq, spec, warnings, False)
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "failed", TIMEOUT_S)
         status = store.status(job_id)
-        assert "Blender crashed (SIGSEGV" in status.reason and "broken.blend" in status.reason
+        crashed = "Blender crashed (SIGSEGV" in status.reason
+        assert crashed or "corrupt or unreadable file" in status.reason, status.reason
+        assert "broken.blend" in status.reason
         messages = [e.message for e in store.events(job_id, "0") if e.message]
         for text in [status.reason, *messages, *status.warnings]:
             _assert_public(text, other)
         # the whole story is in the tile's own log, stored with the job
         log = storage.read_bytes(tile_log_key(job_id, 1, 0, 1)).decode()
-        assert "SIGSEGV" in log and "Blender's log" in log and str(w.settings.work_dir) in log
+        assert "cause: " in log and "reason: " in log and "error: " in log
+        if crashed:
+            assert "SIGSEGV" in log and "Blender's log" in log and str(w.settings.work_dir) in log
     finally:
         w.stop()
 
