@@ -127,7 +127,7 @@ def connect(
         )
     except ValueError as exc:
         raise QueueError(f"FARM_REDIS_URL {url!r} is not a Redis URL: {exc}") from exc
-    return Redis(connection_pool=pool)
+    return _owning(pool)
 
 
 class _SentinelConnection(SentinelManagedConnection):
@@ -174,7 +174,14 @@ def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) ->
         connection_class=_SentinelConnection,
         **options,
     )
-    return Redis(connection_pool=pool)
+    return _owning(pool)
+
+
+def _owning(pool: redis.ConnectionPool) -> Redis:
+    """The client owns its pool: its ``close()`` (or its collection) closes the pool's sockets.
+    ``Redis(connection_pool=pool)`` would leave them open, waiting for the garbage collector,
+    at every close of a client the farm made."""
+    return Redis.from_pool(pool)
 
 
 #: how long a write that must survive a failover waits for a replica to confirm it

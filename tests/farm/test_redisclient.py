@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from farm.errors import QueueError
 from farm.redisclient import connect, guard
@@ -119,3 +120,18 @@ def test_a_cut_healed_within_the_ride_out_costs_nothing_but_time(
     assert any(m.startswith("event=redis_reachable") for m in messages)
     assert not any(m.startswith("event=redis_given_up") for m in messages)
     client.close()
+
+
+def test_closing_a_client_closes_its_connections(redis_url: str, rconn: redis.Redis) -> None:
+    """A farm client's close() ends its sockets: left to the garbage collector they stay open
+    (one connection per client the farm made and closed) and warn as unclosed sockets."""
+    name = f"closing-{time.monotonic_ns()}"
+    conn = connect(redis_url)
+    conn.client_setname(name)
+    assert _clients_named(rconn, name) == 1
+    conn.close()
+    assert _clients_named(rconn, name) == 0
+
+
+def _clients_named(rconn: redis.Redis, name: str) -> int:
+    return sum(1 for c in rconn.client_list() if c.get("name") == name)
