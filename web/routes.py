@@ -75,6 +75,8 @@ def table() -> list[Route]:
         R("GET", "/jobs/{job_id}", pages.job_page, "job page", public=True, tags=("pages",)),
         R("GET", "/streams", pages.streams_page, "streams page", public=True, tags=("pages",)),
         R("GET", "/workers", pages.workers_page, "workers page", public=True, tags=("pages",)),
+        R("GET", "/project", pages.project_page, "project settings page (webhooks)",
+          public=True, tags=("pages",)),
         R("GET", "/static/{path}", pages.static_file, "page assets", public=True,
           tags=("pages",)),
         R("GET", "/player", pages.player, "stream player page", public=True, tags=("pages",)),
@@ -127,6 +129,12 @@ def table() -> list[Route]:
           body={"url": S, "events": {"type": "array", "items": S}}, tags=("webhooks",)),
         R("DELETE", "/api/projects/{project}/webhooks/{hook_id}", webhooks.delete_hook,
           "delete a webhook (project admins)", tags=("webhooks",)),
+        R("POST", "/api/projects/{project}/webhooks/{hook_id}/rotate", webhooks.rotate_secret,
+          "a new signing secret, shown once; the old one signs deliveries too for "
+          "FARM_WEBHOOK_SECRET_GRACE_S (project admins)", tags=("webhooks",)),
+        R("POST", "/api/projects/{project}/webhooks/{hook_id}/enable", webhooks.enable_hook,
+          "deliver to a disabled webhook again (a receiver's 410 Gone disables it; project "
+          "admins)", tags=("webhooks",)),
         R("GET", "/api/projects/{project}/webhooks/{hook_id}/deliveries",
           webhooks.list_deliveries,
           "the webhook's latest deliveries: state, attempts, last result (project admins)",
