@@ -245,7 +245,8 @@ def table() -> list[Route]:
           "render workers and stream services: state, current task (other projects' hidden), "
           "last heartbeat, tiles today, GPU utilisation", tags=("workers",)),
         R("POST", "/api/workers/{name}/disable", workers.disable_worker,
-          "disable (drain) a worker: it finishes its task and takes no new ones (farm admins)",
+          "disable (drain) a worker: it finishes its task and takes no new ones; a stream "
+          "service starts no new session, its running ones continue (farm admins)",
           tags=("workers",)),
         R("POST", "/api/workers/{name}/enable", workers.enable_worker,
           "let a disabled worker take tasks again (farm admins)", tags=("workers",)),
