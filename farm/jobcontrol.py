@@ -258,6 +258,10 @@ class JobControl:
         ones, so that it can end."""
         status = self.store.status(job_id)
         spec = status.spec
+        if spec.source.kind == "upload" and not self.storage.exists(spec.source.location):
+            # its project deleted the upload (farm.uploadrecords) once the job had ended
+            raise Conflict(f"job {job_id}'s file {spec.source.name} was deleted from the farm: "
+                           "upload it again and submit a new job", job_id=job_id)  # fmt: skip
         per_frame = spec.tasks_per_frame
         frames, tasks = list(frames or []), list(tasks or [])
         if len(frames) * per_frame + len(tasks) > MAX_REQUEUE_NAMES:

@@ -85,6 +85,11 @@ async def test_an_upload_is_deleted_by_its_project_only_and_not_while_a_job_rend
         # the last holder deletes it: the file goes, and its stored record
         last = await (await _delete(client, tokens.bob, sha)).json()
         assert (last["objects"], last["kept"]) == (1, "")
+        # the canceled job that rendered it cannot run again: its file is gone
+        again = await client.post(f"/api/jobs/{job_id}/requeue", json={},
+                                  headers=bearer(tokens.alice))  # fmt: skip
+        assert again.status == 409
+        assert "was deleted from the farm" in (await again.json())["error"]["message"]
     assert not _stored(web_settings, sha)
     assert conn.get(keys.stored_upload(sha)) is None
     conn.close()
