@@ -374,14 +374,14 @@ class Dispatcher:
                 return "failed", f"refused: {why}", None
         now = self.clock()
         timestamp = int(now)
+        signature = signing.sign_all(hook.signing_secrets(now), timestamp, delivery.body)
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             "X-Tessera-Event": delivery.event,
             "X-Tessera-Delivery": delivery.id,
             "X-Tessera-Timestamp": str(timestamp),
-            "X-Tessera-Signature": signing.sign_all(hook.signing_secrets(now), timestamp,
-                                                    delivery.body),
+            "X-Tessera-Signature": signature,
         }
         timeout = aiohttp.ClientTimeout(total=self.settings.webhook_timeout_s)
         try:
