@@ -14,12 +14,14 @@ from farm.settings import Settings
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("uploads", help="a project's uploads; delete one (its file too)")
-    p.add_argument("--project", required=True, help="the project the uploads belong to")
+    p.add_argument("--project", help="the project the uploads belong to")
     p.add_argument("--json", action="store_true")
     up = p.add_subparsers(dest="uploads_command")
     t = up.add_parser("delete", help="delete an upload (refused while an unfinished job uses it)")
     t.add_argument("upload", metavar="UPLOAD", help="the upload's id (its sha256)")
     t.add_argument("--yes", action="store_true", help="confirm: its stored file goes too")
+    # also after the upload (a subparser's own dest: its default would hide the parent's)
+    t.add_argument("--project", dest="delete_project", help="the project the upload belongs to")
     t.add_argument("--json", action="store_true")
 
     p = sub.add_parser("blocklist", help="the workers blocklisted for a job; clear them")
@@ -33,6 +35,9 @@ def cmd_uploads(settings: Settings, args: argparse.Namespace) -> Any:
     from farm import jobstore, uploadrecords
     from farm.storage.factory import farm_storage
 
+    project = getattr(args, "delete_project", None) or args.project
+    if not project:
+        raise BadParameter("say which project: farm uploads --project P [delete UPLOAD --yes]")
     conn = jobstore.connect(settings.redis_url)
     try:
         if args.uploads_command == "delete":
@@ -41,7 +46,7 @@ def cmd_uploads(settings: Settings, args: argparse.Namespace) -> Any:
                                    "confirm it with --yes")  # fmt: skip
             storage = farm_storage(settings)
             try:
-                gone = uploadrecords.delete(conn, storage, args.project, args.upload)
+                gone = uploadrecords.delete(conn, storage, project, args.upload)
             finally:
                 storage.close()
             if args.json:
@@ -51,14 +56,14 @@ def cmd_uploads(settings: Settings, args: argparse.Namespace) -> Any:
             print(f"upload {gone.upload_id} deleted ({gone.objects} stored objects removed{kept})",
                   file=sys.stderr)  # fmt: skip
             return None
-        records = uploadrecords.listing(conn, args.project)
+        records = uploadrecords.listing(conn, project)
     finally:
         conn.close()
     shown = [{k: v for k, v in r.items() if k != "location"} for r in records]
     if args.json:
         return shown
     if not shown:
-        print(f"project {args.project} has no uploads")
+        print(f"project {project} has no uploads")
         return None
     for r in shown:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(r.get("created", 0))))

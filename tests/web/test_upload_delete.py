@@ -110,7 +110,8 @@ async def test_the_cli_lists_and_deletes_a_projects_uploads_only_with_yes(
     assert "--yes" in capsys.readouterr().err
     assert cli.main(["uploads", "--project", "B", "delete", sha, "--yes"]) == 3, "not B's"
     assert _stored(web_settings, sha)
-    assert cli.main(["uploads", "--project", "A", "delete", sha, "--yes"]) == 0
+    assert cli.main(["uploads", "delete", sha, "--yes"]) == 2, "no project said"
+    assert cli.main(["uploads", "delete", sha, "--project", "A", "--yes"]) == 0
     assert not _stored(web_settings, sha)
     assert cli.main(["uploads", "--project", "A"]) == 0
     assert "no uploads" in capsys.readouterr().out
