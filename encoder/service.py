@@ -231,6 +231,11 @@ class StreamService:
         Forbidden when ``project``'s device policy keeps ``role`` (the owner's role there) off
         this device."""
         app = self.catalog.get(app_name).sized(width, height, fps)
+        if await asyncio.to_thread(self._drained):
+            # 503: the web offers the session to another stream service
+            raise NoCapacity(f"stream service {self.name} is disabled (drained) by an operator: "
+                             "it starts no new session, its running ones continue",
+                             device=self.device.id)  # fmt: skip
         if app.name == TESTPATTERN and not check_size(app.width, app.height):
             raise BadParameter(
                 f"the test pattern needs at least {MIN_WIDTH}x{MIN_HEIGHT}, "
@@ -254,6 +259,10 @@ class StreamService:
         if session.state is not SessionState.RUNNING:
             raise NotFound(f"session {session.id} ended while starting: {session.reason}")
         return session
+
+    def _drained(self) -> bool:
+        """An operator disabled this service on the workers page (`farm workers disable`)."""
+        return workerstate.registry_for(self._redis(), self.settings).is_disabled(self.name)
 
     def _admit(self, project: str, role: str) -> Lease:
         device = self.device

@@ -41,20 +41,22 @@ return 1
 """
 )
 
-#: ARGV: job, ts, who. Forgets the job's blocklist; returns how many workers were on it.
+#: ARGV: job, ts, who, worker ('' for all). Forgets the job's blocklist (or one worker's
+#: entry and failure count); returns how many blocklisted workers it held.
 _CLEAR = (
     keys.lua("blocklist", "worker_blocked", "events")
     + _EVENT
     + """
 local bk = keys.blocklist(ARGV[1])
+local only = ARGV[4] or ''
 local cleared = 0
 for _, name in ipairs(redis.call('HKEYS', bk)) do
-  if string.sub(name, -2) == ':b' then
+  if string.sub(name, -2) == ':b' and (only == '' or name == only .. ':b') then
     redis.call('SREM', keys.worker_blocked(string.sub(name, 1, -3)), ARGV[1])
     cleared = cleared + 1
   end
 end
-redis.call('DEL', bk)
+if only == '' then redis.call('DEL', bk) else redis.call('HDEL', bk, only, only .. ':b') end
 if cleared > 0 then
   warn(ARGV[1], ARGV[2], 'blocklist cleared by ' .. ARGV[3] .. ': ' .. cleared ..
        ' worker(s) may render this job again')
@@ -104,10 +106,11 @@ def blocked(conn: Redis, job_id: str) -> set[str]:
     return {e.worker for e in entries(conn, job_id) if e.blocklisted}
 
 
-def clear(conn: Redis, job_id: str, who: str) -> int:
-    """Forget the job's blocklist (and its failure counts); returns the workers it held."""
+def clear(conn: Redis, job_id: str, who: str, worker: str = "") -> int:
+    """Forget the job's blocklist (and its failure counts), or only ``worker``'s entry;
+    returns the blocklisted workers it held."""
     script = conn.register_script(_CLEAR)
-    return int(guard(script, keys=[], args=[job_id, time.time(), who]))
+    return int(guard(script, keys=[], args=[job_id, time.time(), who, worker]))
 
 
 def announce(conn: Redis, worker: str, tags: frozenset[str], ttl_s: float) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm import controlcli
+from farm import controlcli, operatorcli
 from farm.errors import BadParameter, Conflict, FarmError
 from farm.models import JOB_OPTIONS, JobOption
 from farm.settings import DEVICE_KINDS, ENV, Settings
@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = tok.add_parser("revoke", help="revoke a token by its id")
     t.add_argument("token_id")
     controlcli.add_parsers(sub)
+    operatorcli.add_parsers(sub)
     return parser
 
 
@@ -592,4 +593,5 @@ COMMANDS = {
     "up": cmd_up,
     "token": cmd_token,
     **controlcli.COMMANDS,
+    **operatorcli.COMMANDS,
 }

@@ -258,6 +258,10 @@ class JobControl:
         ones, so that it can end."""
         status = self.store.status(job_id)
         spec = status.spec
+        if spec.source.kind == "upload" and not self.storage.exists(spec.source.location):
+            # its project deleted the upload (farm.uploadrecords) once the job had ended
+            raise Conflict(f"job {job_id}'s file {spec.source.name} was deleted from the farm: "
+                           "upload it again and submit a new job", job_id=job_id)  # fmt: skip
         per_frame = spec.tasks_per_frame
         frames, tasks = list(frames or []), list(tasks or [])
         if len(frames) * per_frame + len(tasks) > MAX_REQUEUE_NAMES:
@@ -301,6 +305,8 @@ class JobControl:
         queued = _tasks(job_id, flat[2 : 2 + 3 * count])
         redelivered = sorted(int(f) for f in flat[2 + 3 * count :])
         self._unpublish(spec.output, [records.get(str(f)) for f in redelivered])
+        if spec.preview and len(spec.frames) > 1 and redelivered:
+            self._renew_preview(job_id, spec.output, redelivered, records)
         self._push(job_id, queued)
         log.info("event=job_requeued job=%s tiles=%d frames=%s user=%s", job_id, len(queued),
                  redelivered, who)  # fmt: skip
@@ -336,6 +342,25 @@ class JobControl:
         for record in records:
             for item in json.loads(record or "[]"):
                 target.delete(item["name"])
+
+    def _renew_preview(
+        self, job_id: str, output: str, frames: list[int], records: dict[str, str]
+    ) -> None:
+        """The animation's MP4 is made again with the requeued frames: their old stills go (it
+        is encoded once every frame's still is back, with the last of them), and the MP4 leaves
+        the record of the frame it was delivered with (and an object store, which commits a
+        file once), so that the manifest lists the new one."""
+        for frame in frames:
+            self.storage.delete(layout.preview_still_key(job_id, frame))
+        redelivered = {str(f) for f in frames}
+        for name, record in records.items():
+            items = json.loads(record or "[]")
+            kept = [item for item in items if item["name"] != PREVIEW_FILE]
+            if name not in redelivered and len(kept) < len(items):
+                guard(self.conn.hset, keys.delivered(job_id), name, json.dumps(kept))
+                target = delivery.open_output(output, self.settings)
+                if delivery.commits_once(target):
+                    target.delete(PREVIEW_FILE)
 
     def _push(self, job_id: str, tasks: list[TileTask]) -> None:
         if not tasks:

@@ -438,6 +438,16 @@ class Settings:
     webhook_max_per_project: int = 10
     """FARM_WEBHOOK_MAX_PER_PROJECT: webhooks one project may have."""
 
+    # --- H-ops: operator features (issue #16 gaps) --------------------------------------------
+
+    webhook_retry_after_max_s: float = 3600.0
+    """FARM_WEBHOOK_RETRY_AFTER_MAX_S: the longest a delivery waits for a receiver's 429 or
+    503 ``Retry-After``; it is retried no sooner than asked, up to this."""
+
+    webhook_secret_grace_s: float = 86400.0
+    """FARM_WEBHOOK_SECRET_GRACE_S: after a hook's secret is rotated, how long deliveries are
+    signed with the old secret too (a second ``v1=`` in X-Tessera-Signature)."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -650,6 +660,9 @@ ENV: dict[str, tuple[str, type, float]] = {
     "webhook_backoff_max_s": ("FARM_WEBHOOK_BACKOFF_MAX_S", float, 0.01),
     "webhook_timeout_s": ("FARM_WEBHOOK_TIMEOUT_S", float, 0.1),
     "webhook_max_per_project": ("FARM_WEBHOOK_MAX_PER_PROJECT", int, 0),
+    # H-ops: operator features
+    "webhook_retry_after_max_s": ("FARM_WEBHOOK_RETRY_AFTER_MAX_S", float, 0.0),
+    "webhook_secret_grace_s": ("FARM_WEBHOOK_SECRET_GRACE_S", float, 0.0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from farm import keys
-from farm.errors import BadParameter, FarmError, NotFound
+from farm.errors import FarmError, NotFound
 from farm.redisclient import Redis, guard
 
 log = logging.getLogger("tessera.workerstate")
@@ -190,12 +190,11 @@ class WorkerRegistry:
     # --- an operator's ----------------------------------------------------------------------
 
     def set_disabled(self, name: str, disabled: bool, by: str = "") -> WorkerInfo:
-        """Disable (drain) or enable a listed worker; NotFound for a name not in the registry."""
+        """Disable (drain) or enable a listed worker; NotFound for a name not in the registry.
+        A render worker finishes its task and takes no new one; a stream service starts no
+        new session and its running ones continue (encoder.service)."""
         if guard(self.conn.zscore, keys.WORKERS, name) is None:
             raise NotFound(f"no worker {name!r} (`farm workers` lists them)", worker=name)
-        if guard(self.conn.hget, keys.worker(name), "kind") == "stream":
-            raise BadParameter(f"{name} is a stream service: only render workers are disabled "
-                               "(stop the service to drain its device)", worker=name)  # fmt: skip
         if disabled:
             flag = json.dumps({"by": by, "at": time.time()})
             guard(self.conn.hset, keys.WORKERS_DISABLED, name, flag)

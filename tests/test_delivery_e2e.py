@@ -97,7 +97,9 @@ def test_a_job_with_uploads_and_tiles_in_s3_delivers_every_frame_intact(
         exr_path.write_bytes(target_bytes(manifest, "frame_0002.exr"))
         assert exr.read_rgba(exr_path).shape == (41, 67, 4)
         assert store.list(f"jobs/{job_id}/tiles/") == [], "tiles are removed after assembly"
-        assert store.list(f"jobs/{job_id}/preview/") == [], "so are the MP4's stills"
+        # the MP4's stills stay with the job: a requeue of some frames rebuilds the MP4
+        stills = [o.key.rsplit("/", 1)[1] for o in store.list(f"jobs/{job_id}/preview/")]
+        assert stills == ["frame_0001.png", "frame_0002.png"]
         assert store.exists(source.location), "the upload stays"
         head = boto3.client("s3", endpoint_url=s3_endpoint).head_object(
             Bucket=bucket, Key="renders/shot1/frame_0001.png"

@@ -32,7 +32,10 @@ async def get_blocklist(request: web.Request) -> web.Response:
 async def clear_blocklist(request: web.Request) -> web.Response:
     status = await job_for(request, "member")
     app = request.app
-    cleared = await blocking(app, blocklist.clear, app[CONN], status.id, user_of(request).name)
+    # ?worker=NAME clears only that worker's entry
+    worker = request.query.get("worker", "")
+    cleared = await blocking(app, blocklist.clear, app[CONN], status.id, user_of(request).name,
+                             worker)  # fmt: skip
     if cleared:
         # idle workers look at the queue again: the tiles they passed over may be theirs now
         await blocking(app, RenderQueue(app[RQ_CONN], status.spec.device).ring)

@@ -64,6 +64,10 @@ async def workers_page(request: web.Request) -> web.FileResponse:
     return _file(STATIC, "workers.html")
 
 
+async def project_page(request: web.Request) -> web.FileResponse:
+    return _file(STATIC, "project.html")
+
+
 async def static_file(request: web.Request) -> web.StreamResponse:
     name = request.match_info["path"]
     if name in SHARED:

@@ -75,6 +75,8 @@ def table() -> list[Route]:
         R("GET", "/jobs/{job_id}", pages.job_page, "job page", public=True, tags=("pages",)),
         R("GET", "/streams", pages.streams_page, "streams page", public=True, tags=("pages",)),
         R("GET", "/workers", pages.workers_page, "workers page", public=True, tags=("pages",)),
+        R("GET", "/project", pages.project_page, "project settings page (webhooks)",
+          public=True, tags=("pages",)),
         R("GET", "/static/{path}", pages.static_file, "page assets", public=True,
           tags=("pages",)),
         R("GET", "/player", pages.player, "stream player page", public=True, tags=("pages",)),
@@ -127,6 +129,12 @@ def table() -> list[Route]:
           body={"url": S, "events": {"type": "array", "items": S}}, tags=("webhooks",)),
         R("DELETE", "/api/projects/{project}/webhooks/{hook_id}", webhooks.delete_hook,
           "delete a webhook (project admins)", tags=("webhooks",)),
+        R("POST", "/api/projects/{project}/webhooks/{hook_id}/rotate", webhooks.rotate_secret,
+          "a new signing secret, shown once; the old one signs deliveries too for "
+          "FARM_WEBHOOK_SECRET_GRACE_S (project admins)", tags=("webhooks",)),
+        R("POST", "/api/projects/{project}/webhooks/{hook_id}/enable", webhooks.enable_hook,
+          "deliver to a disabled webhook again (a receiver's 410 Gone disables it; project "
+          "admins)", tags=("webhooks",)),
         R("GET", "/api/projects/{project}/webhooks/{hook_id}/deliveries",
           webhooks.list_deliveries,
           "the webhook's latest deliveries: state, attempts, last result (project admins)",
@@ -152,6 +160,10 @@ def table() -> list[Route]:
         R("PUT", "/api/uploads/{name}", uploads.put_upload, "upload raw bytes as NAME",
           body_type="application/octet-stream", query=("project",), tags=("uploads",)),
         R("GET", "/api/uploads/{upload_id}", uploads.get_upload, "one upload",
+          query=("project",), tags=("uploads",)),
+        R("DELETE", "/api/uploads/{upload_id}", uploads.delete_upload,
+          "delete one of the project's uploads, its stored file too when no other project or "
+          "unfinished job holds it; refused while an unfinished job of the project renders it",
           query=("project",), tags=("uploads",)),
         R("POST", "/api/uploads/{upload_id}/inspect", uploads.inspect_upload,
           "inspect the .blend (scripts off): frames, resolution, cameras, missing files",
@@ -205,7 +217,8 @@ def table() -> list[Route]:
         R("GET", "/api/jobs/{job_id}/blocklist", blocklists.get_blocklist,
           "the workers that failed the job's tiles and those blocklisted for it", tags=("jobs",)),
         R("DELETE", "/api/jobs/{job_id}/blocklist", blocklists.clear_blocklist,
-          "clear the job's blocklist: every worker may render it again", tags=("jobs",)),
+          "clear the job's blocklist: every worker may render it again (?worker=: only that one)",
+          query=("worker",), tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/tiles/{frame}/{tile}/attempts/{attempt}/log",
           tilelogs.tile_log, "a tile attempt's own log (Blender's lines, a failure's detail)",
           tags=("jobs",)),
@@ -232,7 +245,8 @@ def table() -> list[Route]:
           "render workers and stream services: state, current task (other projects' hidden), "
           "last heartbeat, tiles today, GPU utilisation", tags=("workers",)),
         R("POST", "/api/workers/{name}/disable", workers.disable_worker,
-          "disable (drain) a worker: it finishes its task and takes no new ones (farm admins)",
+          "disable (drain) a worker: it finishes its task and takes no new ones; a stream "
+          "service starts no new session, its running ones continue (farm admins)",
           tags=("workers",)),
         R("POST", "/api/workers/{name}/enable", workers.enable_worker,
           "let a disabled worker take tasks again (farm admins)", tags=("workers",)),

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from farm import keys, queue, queuewhy, submission, workerstate
+from farm import keys, queue, queuewhy, submission, uploadrecords, workerstate
 from farm.errors import BadParameter, Conflict, FarmError, NotFound
 from farm.models import InspectionReport
 from farm.redisclient import guard
@@ -443,3 +443,20 @@ async def inspect_upload(request: web.Request) -> web.Response:
         raise BadParameter(f"device {device!r} is not one of {', '.join(DEVICE_KINDS)}")
     report = await inspection(request, rec, device)
     return web.json_response({"upload_id": rec["upload_id"], **report_json(report)})
+
+
+async def delete_upload(request: web.Request) -> web.Response:
+    """Delete one of the project's uploads (its stored bytes too when nothing else holds
+    them); refused while a job of the project that has not finished renders it."""
+    project = request.query.get("project")
+    if project:
+        # strict: another project's upload is not found, whichever of one's own holds it
+        role_in(request, project)
+    rec = await find_upload(request, request.match_info["upload_id"])
+    role_in(request, rec["project"], "member")
+    app = request.app
+    gone = await blocking(app, uploadrecords.delete, app[CONN], app[STORAGE], rec["project"],
+                          rec["upload_id"])  # fmt: skip
+    body = {"upload_id": gone.upload_id, "project": gone.project, "deleted": True,
+            "objects": gone.objects, "kept": gone.kept}  # fmt: skip
+    return web.json_response(body)

@@ -54,6 +54,27 @@ async def delete_hook(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def rotate_secret(request: web.Request) -> web.Response:
+    """A new signing secret, shown once; the old one signs too for FARM_WEBHOOK_SECRET_GRACE_S."""
+    project, hook_id = request.match_info["project"], request.match_info["hook_id"]
+    manage(request, project)
+    grace_s = request.app[SETTINGS].webhook_secret_grace_s
+    hook = await blocking(request.app, _hooks(request).rotate, project, hook_id, grace_s)
+    log.info("event=webhook_secret_rotated project=%s hook=%s grace_s=%.0f by=%s", project,
+             hook_id, grace_s, user_of(request).name)  # fmt: skip
+    return web.json_response({**hook.public(), "secret": hook.secret})
+
+
+async def enable_hook(request: web.Request) -> web.Response:
+    """Deliver to a disabled hook again (one its receiver disabled with a 410 Gone)."""
+    project, hook_id = request.match_info["project"], request.match_info["hook_id"]
+    manage(request, project)
+    hook = await blocking(request.app, _hooks(request).enable, project, hook_id)
+    log.info("event=webhook_enabled project=%s hook=%s by=%s", project, hook_id,
+             user_of(request).name)  # fmt: skip
+    return web.json_response(hook.public())
+
+
 async def list_deliveries(request: web.Request) -> web.Response:
     project, hook_id = request.match_info["project"], request.match_info["hook_id"]
     manage(request, project)

@@ -9,6 +9,7 @@ from typing import Any
 
 from farm.errors import RenderError
 from farm.models import OUTPUT_FORMATS, SAMPLE_SPLIT, JobSpec
+from farm.storage import layout
 from farm.storage.base import Storage
 from farm.storage.layout import frame_file_name
 from farm.tiling import Rect, TileGrid, plan_tiles
@@ -122,12 +123,12 @@ def frame_files(
 
 
 def preview_prefix(job_id: str) -> str:
-    """Where a job's preview stills wait for the MP4 (temporary, like its tiles)."""
-    return f"jobs/{job_id}/preview"
+    """Where a job's preview stills wait for the MP4 (kept with the job: farm.storage.layout)."""
+    return layout.preview_prefix(job_id)
 
 
 def preview_key(job_id: str, frame: int) -> str:
-    return f"{preview_prefix(job_id)}/{frame_file_name(frame, '.png')}"
+    return layout.preview_still_key(job_id, frame)
 
 
 def animation_preview(

@@ -577,10 +577,8 @@ def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
         # the job's last frame releases the jobs waiting for it: their tiles go out now
         dependencies.push_released(ctx.store, ctx.queue.conn)
     if outcome == "ok" and ctx.settings.tile_retention == "delete":
+        # the MP4's preview stills stay with the job (a requeue rebuilds the MP4 from them)
         ctx.storage.delete_prefix(frame_tiles_key(job_id, frame))
-        if spec.preview and ctx.store.status(job_id).state == JobState.DONE:
-            # every frame is assembled, so no assembler still reads the MP4's stills
-            ctx.storage.delete_prefix(stillmodes.preview_prefix(job_id))
     log.info("event=frame_done job=%s frame=%d commit=%s", job_id, frame, outcome)
 
 

@@ -24,3 +24,13 @@ def frame_tiles_key(job_id: str, frame: int) -> str:
 
 def frame_file_name(frame: int, ext: str) -> str:
     return f"frame_{frame:04d}{ext}"
+
+
+def preview_prefix(job_id: str) -> str:
+    """Where an animation's preview stills (8-bit PNG, one a frame) wait for its MP4; kept with
+    the job, so that a requeue can rebuild the MP4 around its new frames."""
+    return f"jobs/{job_id}/preview"
+
+
+def preview_still_key(job_id: str, frame: int) -> str:
+    return f"{preview_prefix(job_id)}/{frame_file_name(frame, '.png')}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import functools
 import json
 import logging
@@ -121,6 +122,23 @@ return 1
 """
 
 
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """The wait a ``Retry-After`` header asks for: delay seconds or an HTTP date (None when
+    absent or unreadable; never below 0)."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
 def backoff_s(attempt: int, first_s: float, cap_s: float, rand: Callable[[], float]) -> float:
     """The wait before the try after ``attempt`` failed ones: doubling from ``first_s`` up to
     ``cap_s``, the upper half of it drawn at random (receivers that were down for everyone
@@ -220,7 +238,8 @@ class Dispatcher:
         args: list[Any] = [entry_id, self.clock()]
         event = fields.get("event", "")
         hooks = self.hooks.of_project(fields["project"]) if event else []
-        wanting = [h for h in hooks if event in h.events and h.created_s <= float(fields["ts"])]
+        wanting = [h for h in hooks if event in h.events and h.created_s <= float(fields["ts"])
+                   and h.disabled_s is None]  # fmt: skip
         if wanting:
             job = self._job_part(fields)
             for hook in wanting:
@@ -290,16 +309,21 @@ class Dispatcher:
             out.append(Delivery(delivery_id, hook_id, project, event, body.encode(), int(attempts)))
         return out
 
-    def record(self, delivery: Delivery, outcome: str, result: str, attempts: int) -> float:
-        """Write an attempt's outcome: delivered, retry (returns when it is due), failed or
-        dropped (its hook was deleted)."""
+    def record(
+        self, delivery: Delivery, outcome: str, result: str, attempts: int,
+        asked_s: float | None = None,
+    ) -> float:  # fmt: skip
+        """Write an attempt's outcome: delivered, retry (returns when it is due: after the
+        back-off, and no sooner than the receiver's Retry-After ``asked_s``, up to
+        FARM_WEBHOOK_RETRY_AFTER_MAX_S), failed or dropped (its hook was deleted or disabled)."""
         now = self.clock()
         s = self.settings
         next_s = now
         if outcome == "retry":
-            next_s = now + backoff_s(
-                attempts, s.webhook_backoff_s, s.webhook_backoff_max_s, random.random
-            )
+            wait = backoff_s(attempts, s.webhook_backoff_s, s.webhook_backoff_max_s, random.random)
+            if asked_s is not None:
+                wait = max(wait, min(asked_s, s.webhook_retry_after_max_s))
+            next_s = now + wait
         guard(self._record, keys=[],
               args=[delivery.id, outcome, attempts, next_s, result[:300], now,
                     s.job_retention_s])  # fmt: skip
@@ -312,16 +336,24 @@ class Dispatcher:
             hook = await asyncio.to_thread(self.hooks.get, delivery.project, delivery.hook_id)
         except NotFound:
             hook = None
-        if hook is None:
-            await asyncio.to_thread(self.record, delivery, "dropped", "the webhook was deleted",
-                                    delivery.attempts)  # fmt: skip
+        if hook is None or hook.disabled_s is not None:
+            why = "the webhook was deleted" if hook is None else "the webhook is disabled"
+            await asyncio.to_thread(self.record, delivery, "dropped", why, delivery.attempts)
             metrics.WEBHOOK_ATTEMPTS.labels("dropped").inc()
             return "dropped"
         attempts = delivery.attempts + 1
-        outcome, result = await self._post(http, hook, delivery)
+        outcome, result, asked_s = await self._post(http, hook, delivery)
+        if outcome == "gone":
+            # the receiver says the hook is no more: it is disabled (shown in its listing)
+            outcome, result = "failed", "HTTP 410 Gone: the webhook is disabled"
+            await asyncio.to_thread(self.hooks.disable, hook.project, hook.id,
+                                    "the receiver answered 410 Gone")  # fmt: skip
+            log.warning("event=webhook_disabled hook=%s project=%s why=gone", hook.id,
+                        hook.project)  # fmt: skip
         if outcome == "retry" and attempts >= self.settings.webhook_max_attempts:
             outcome = "failed"
-        next_s = await asyncio.to_thread(self.record, delivery, outcome, result, attempts)
+        next_s = await asyncio.to_thread(self.record, delivery, outcome, result, attempts,
+                                         asked_s)  # fmt: skip
         metrics.WEBHOOK_ATTEMPTS.labels(outcome).inc()
         wait = f" retry_in_s={next_s - self.clock():.1f}" if outcome == "retry" else ""
         log.info("event=webhook_%s hook=%s delivery=%s kind=%s attempt=%d result=%r%s",
@@ -331,37 +363,46 @@ class Dispatcher:
 
     async def _post(
         self, http: aiohttp.ClientSession, hook: Hook, delivery: Delivery
-    ) -> tuple[str, str]:
-        """('delivered' | 'retry' | 'failed', what happened) of one attempt."""
+    ) -> tuple[str, str, float | None]:
+        """('delivered' | 'retry' | 'failed' | 'gone', what happened, the wait a 429 or 503
+        asked for in Retry-After) of one attempt."""
         allow = bool(self.settings.webhook_allow_private)
         host = urlsplit(hook.url).hostname or ""
         if addresses.literal(host):
             why = addresses.refusal(host.strip("[]"), allow)
             if why:
-                return "failed", f"refused: {why}"
-        timestamp = int(self.clock())
+                return "failed", f"refused: {why}", None
+        now = self.clock()
+        timestamp = int(now)
+        signature = signing.sign_all(hook.signing_secrets(now), timestamp, delivery.body)
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             "X-Tessera-Event": delivery.event,
             "X-Tessera-Delivery": delivery.id,
             "X-Tessera-Timestamp": str(timestamp),
-            "X-Tessera-Signature": signing.sign(hook.secret, timestamp, delivery.body),
+            "X-Tessera-Signature": signature,
         }
         timeout = aiohttp.ClientTimeout(total=self.settings.webhook_timeout_s)
         try:
             async with http.post(hook.url, data=delivery.body, headers=headers,
                                  allow_redirects=False, timeout=timeout) as resp:  # fmt: skip
                 status = resp.status
+                asked = resp.headers.get("Retry-After") if status in (429, 503) else None
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.os_error, addresses.AddressRefused):
-                return "failed", f"refused: {exc.os_error}"
-            return "retry", f"cannot connect: {exc.os_error}"
+                return "failed", f"refused: {exc.os_error}", None
+            return "retry", f"cannot connect: {exc.os_error}", None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return "retry", f"{type(exc).__name__}: {exc}".strip()
+            return "retry", f"{type(exc).__name__}: {exc}".strip(), None
         if 200 <= status < 300:
-            return "delivered", f"HTTP {status}"
-        return "retry", f"HTTP {status}"
+            return "delivered", f"HTTP {status}", None
+        if status == 410:
+            return "gone", f"HTTP {status}", None
+        asked_s = retry_after_s(asked, now)
+        if asked_s is not None:
+            return "retry", f"HTTP {status} (Retry-After {asked_s:.0f} s)", asked_s
+        return "retry", f"HTTP {status}", None
 
     # --- the loop -----------------------------------------------------------------------------
 

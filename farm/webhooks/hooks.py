@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,13 +46,28 @@ class Hook:
     secret: str
     created_s: float
     created_by: str
+    #: the secret before the last rotation, and until when deliveries are signed with it too
+    previous_secret: str = ""
+    previous_until_s: float = 0.0
+    rotated_s: float | None = None
+    #: set when a receiver answered 410 Gone (or someone disabled it): no deliveries are made
+    disabled_s: float | None = None
+    disabled_reason: str = ""
 
     def public(self) -> dict[str, Any]:
-        """What listings show: everything but the secret (shown once, when the hook is made)."""
+        """What listings show: everything but the secrets (each shown once, when it is made)."""
         data = asdict(self)
-        del data["secret"]
+        del data["secret"], data["previous_secret"]
         data["events"] = list(self.events)
+        data["disabled"] = self.disabled_s is not None
         return data
+
+    def signing_secrets(self, now: float) -> list[str]:
+        """The secrets a delivery sent at ``now`` is signed with: the current one, and the
+        previous one during the grace period after a rotation."""
+        if self.previous_secret and now < self.previous_until_s:
+            return [self.secret, self.previous_secret]
+        return [self.secret]
 
     @classmethod
     def from_json(cls, text: str) -> Hook:
@@ -149,6 +164,40 @@ class Hooks:
         if text is None:
             raise NotFound(f"no webhook {hook_id!r} in project {project!r}", hook_id=hook_id)
         return Hook.from_json(text)
+
+    def _change(self, project: str, hook_id: str, change: Any) -> Hook:
+        """Replace the hook's record by ``change(hook)``, atomically; NotFound without it."""
+        key = keys.webhooks(project)
+
+        def update(pipe: Any) -> Hook:
+            text = pipe.hget(key, hook_id)
+            if text is None:
+                raise NotFound(f"no webhook {hook_id!r} in project {project!r}", hook_id=hook_id)
+            hook: Hook = change(Hook.from_json(text))
+            pipe.multi()
+            pipe.hset(key, hook_id, json.dumps(asdict(hook)))
+            return hook
+
+        hook: Hook = guard(self.conn.transaction, update, key, value_from_callable=True)
+        return hook
+
+    def rotate(self, project: str, hook_id: str, grace_s: float) -> Hook:
+        """A new secret (the caller shows it once); the current one keeps signing deliveries,
+        beside the new one, for ``grace_s``, while receivers move to the new one."""
+        now = time.time()
+        return self._change(project, hook_id, lambda h: replace(
+            h, secret=signing.new_secret(), previous_secret=h.secret,
+            previous_until_s=now + grace_s, rotated_s=now))  # fmt: skip
+
+    def disable(self, project: str, hook_id: str, reason: str) -> Hook:
+        """No more deliveries for the hook (those pending are dropped) until it is enabled."""
+        now = time.time()
+        return self._change(project, hook_id, lambda h: h if h.disabled_s is not None else
+                            replace(h, disabled_s=now, disabled_reason=reason))  # fmt: skip
+
+    def enable(self, project: str, hook_id: str) -> Hook:
+        return self._change(project, hook_id,
+                            lambda h: replace(h, disabled_s=None, disabled_reason=""))  # fmt: skip
 
     def delete(self, project: str, hook_id: str) -> None:
         gone = guard(

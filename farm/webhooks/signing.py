@@ -28,6 +28,12 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
     return f"{SCHEME}={mac.hexdigest()}"
 
 
+def sign_all(secrets_: list[str], timestamp: int, body: bytes) -> str:
+    """The header with one signature per secret, comma-separated (the new secret's first,
+    then the previous one's during a rotation's grace period)."""
+    return ",".join(sign(s, timestamp, body) for s in secrets_)
+
+
 def verify(
     secret: str, timestamp: str, signature: str, body: bytes, now: float,
     tolerance_s: float = TOLERANCE_S,
@@ -40,4 +46,6 @@ def verify(
         return False
     if abs(now - sent) > tolerance_s:
         return False
-    return hmac.compare_digest(sign(secret, sent, body), signature)
+    mine = sign(secret, sent, body)
+    # any of the header's signatures (two while a rotated secret's grace period runs)
+    return any(hmac.compare_digest(mine, given.strip()) for given in signature.split(","))

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from farm import keys
-from farm.errors import BadParameter, NotFound, NoWorker
+from farm.errors import NotFound, NoWorker
 from farm.queuewhy import explain, inspecting_kind, require_worker
 from farm.workerstate import WorkerInfo, WorkerRegistry, WorkerState, render_text, state_of
 
@@ -56,9 +56,9 @@ def test_a_workers_task_counters_and_disabled_flag_as_read_back(
     assert registry.set_disabled("w1", False).state is WorkerState.IDLE
     with pytest.raises(NotFound):
         registry.set_disabled("nobody", True)
-    registry.beat("s1", {**_identity(), "kind": "stream"})
-    with pytest.raises(BadParameter, match="stream service"):
-        registry.set_disabled("s1", True)
+    # a stream service drains too (it starts no new session: encoder.service)
+    registry.beat("s1", {**_identity(), "kind": "stream", "activity": "streaming"})
+    assert registry.set_disabled("s1", True).state is WorkerState.DRAINING
     assert "w1" in render_text(registry.list())[1]
 
 

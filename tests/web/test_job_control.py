@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import av
 import pytest
 import redis
 from playwright.sync_api import Browser, expect
@@ -184,6 +185,11 @@ def test_requeue_of_two_frames_of_a_done_job_renders_and_delivers_exactly_those(
     deliveries = len(re.findall(delivered, farm.worker.log_text()))
     assert deliveries == 4
 
+    # the MP4 preview is made again with the new frames: a stale one (the frames of an earlier
+    # render) must be replaced
+    mp4 = out / "preview.mp4"
+    assert mp4.stat().st_size > 0
+    mp4.write_bytes(b"stale")
     reply = farm.post(f"/api/jobs/{job_id}/requeue", farm.ana, {"frames": [2, 4]})
     assert reply.status_code == 200, reply.text
     body = reply.json()
@@ -203,6 +209,12 @@ def test_requeue_of_two_frames_of_a_done_job_renders_and_delivers_exactly_those(
             assert path.stat().st_mtime_ns == before[f][1], f"frame {f} untouched"
     status = store.status(job_id)
     assert (status.frames_done, status.tiles_done) == (4, 4)
+    with av.open(str(mp4)) as video:
+        shapes = [(f.width, f.height) for f in video.decode(video=0)]
+    assert shapes == [(48, 32)] * 4, "the preview is rebuilt with every frame"
+    manifest = json.loads((out / "manifest.json").read_text())
+    listed = [f for e in manifest["frames"] for f in e["files"] if f["name"] == "preview.mp4"]
+    assert [f["sha256"] for f in listed] == [_sha(mp4)], "listed once, as it is now"
 
     # delete: only with a confirmation; then its records and files are gone
     reply = farm.post(f"/api/jobs/{job_id}/delete", farm.ana, {})

@@ -5,6 +5,8 @@ origin with the one request helper both serve."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -26,6 +28,8 @@ from web.uploads import report_json
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium")
 
+#: a plain Cycles scene (the upload page's file)
+PLAIN = TESTDATA / "01_principled_material.blend"
 #: what the web answers when the storage behind a job's files does not answer (farm/errors.py)
 STORAGE_DOWN = {
     "error": {"code": "storage_unavailable", "message": "the storage did not answer after 3 tries"}
@@ -175,3 +179,52 @@ def test_the_upload_page_says_the_farm_renders_an_eevee_file_with_cycles(
     engine = page.locator("#report [data-field=engine]")
     expect(engine).to_contain_text("EEVEE")
     expect(page.locator("#engine-note")).to_contain_text("The farm renders every job with Cycles")
+
+
+def test_the_upload_form_sends_tags_dependencies_and_frame_order_and_deletes_an_upload(
+    site: Site, page: Page
+) -> None:
+    """The scheduling fields reach the job (a bad tag is said next to its field); an upload
+    that a queued job renders is refused deletion with the reason, and goes once it ended."""
+    from farm import jobstore
+    from farm.states import JobState
+
+    sha = hashlib.sha256(PLAIN.read_bytes()).hexdigest()
+    settings = site.live.settings
+    first = make_job(settings, "shorts", site.out)
+    conn = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    # the inspection is cached (no worker): the submit route reads it, the page is answered it
+    conn.set(keys.inspection(sha), json.dumps(scene_report().to_dict()))
+    answer = {"upload_id": sha, **report_json(scene_report())}
+    page.route("**/api/uploads/*/inspect*", lambda route: route.fulfill(json=answer))
+    page.on("dialog", lambda dialog: dialog.accept())
+    _sign_in(page, site, "/upload")
+    expect(page.locator("body[data-ready]")).to_have_count(1)
+    page.set_input_files("#file", str(PLAIN))
+    expect(page.locator("#submit-form")).to_be_visible()
+    page.fill("#tags", "Big RAM")
+    page.select_option("#frame-order", "first-last-middle")
+    page.select_option("#depends-on", first)
+    page.click("#submit")
+    expect(page.locator("#tags-error")).to_contain_text("tag 'Big RAM' must be")
+    expect(page.locator("#submit-error")).to_be_empty()
+    page.fill("#tags", "big,lic")
+    page.click("#submit")
+    page.wait_for_url("**/jobs/*")
+    job_id = page.url.rsplit("/", 1)[1]
+    store = jobstore.JobStore(conn)
+    spec = store.spec(job_id)
+    assert (spec.tags, spec.depends_on, spec.frame_order) == (
+        ("big", "lic"), (first,), "first-last-middle")  # fmt: skip
+
+    stored = settings.storage_dir / "uploads" / sha
+    page.goto(f"{site.live.url}/upload")
+    page.click(f"#uploads [data-delete='{sha}']")
+    refused = f"used by job(s) {job_id} that have not finished"
+    expect(page.locator(".toast.bad")).to_contain_text(refused)
+    assert stored.exists()
+    store.end_job(job_id, JobState.CANCELED, "test")
+    page.click(f"#uploads [data-delete='{sha}']")
+    expect(page.locator("#uploads-empty")).to_be_visible()
+    assert not stored.exists()
+    conn.close()

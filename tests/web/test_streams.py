@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 import aiohttp
 import pytest
 
@@ -179,3 +183,47 @@ async def test_desktop_apps_follow_the_projects_policy(
         assert made.status == 201, await made.text()
         sid = (await made.json())["session_id"]
         assert (await client.delete(f"/api/streams/sessions/{sid}", headers=alice)).status == 204
+
+
+async def test_a_drained_stream_service_starts_no_session_and_its_running_one_continues(
+    web_settings: Settings, tokens: Tokens
+) -> None:
+    from encoder.app import serving
+
+    web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
+    stream_settings = web_settings.with_(
+        device="cpu", stream_port=0, cpu_encode_sessions=2, lease_ttl_s=3.0, agent_timeout_s=3.0
+    )
+    alice, admin = bearer(tokens.alice), bearer(tokens.admin)
+    launch = {"app": "testpattern", "project": "A", "width": 640, "height": 360}
+
+    async def services() -> list[dict[str, Any]]:
+        body = await (await client.get("/api/workers", headers=admin)).json()
+        return [w for w in body["workers"] if w["kind"] == "stream"]
+
+    async with api(web_settings) as client, serving(stream_settings):
+        made = await client.post("/api/streams/sessions", json=launch, headers=alice)
+        assert made.status == 201, await made.text()
+        sid = (await made.json())["session_id"]
+        (service,) = await services()
+        drain = await client.post(f"/api/workers/{service['name']}/disable", headers=admin)
+        assert drain.status == 200, await drain.text()
+        refused = await client.post("/api/streams/sessions", json=launch, headers=alice)
+        assert refused.status == 503
+        assert "drained" in (await refused.json())["error"]["message"]
+        running = await client.get(f"/api/streams/sessions/{sid}", headers=alice)
+        assert running.status == 200 and (await running.json())["state"] == "running"
+        # the workers page shows it draining: disabled, with its running session
+        deadline = time.monotonic() + 10
+        while (await services())[0]["state"] != "draining":
+            assert time.monotonic() < deadline, await services()
+            await asyncio.sleep(0.1)
+        assert (await client.delete(f"/api/streams/sessions/{sid}", headers=alice)).status == 204
+        enable = await client.post(f"/api/workers/{service['name']}/enable", headers=admin)
+        assert enable.status == 200
+        again = await client.post("/api/streams/sessions", json=launch, headers=alice)
+        assert again.status == 201, await again.text()
+        gone = await client.delete(
+            f"/api/streams/sessions/{(await again.json())['session_id']}", headers=alice
+        )
+        assert gone.status == 204

@@ -151,7 +151,7 @@ export async function startPage(active, onProject) {
     }
     location.assign("/login");
   }) }, "Sign out");
-  const links = [["jobs", "/", "Jobs"], ["upload", "/upload", "New render"], ["streams", "/streams", "Streams"], ["workers", "/workers", "Workers"]];
+  const links = [["jobs", "/", "Jobs"], ["upload", "/upload", "New render"], ["streams", "/streams", "Streams"], ["workers", "/workers", "Workers"], ["project", "/project", "Project"]];
   const bar = el("header", { class: "topbar" },
     logo(),
     el("nav", { class: "nav" }, links.map(([k, href, label]) => el("a", { href, class: k === active ? "active" : "" }, label))),

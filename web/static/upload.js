@@ -228,6 +228,11 @@ function formBody() {
   body.passes = $("#passes").checked;
   body.preview = $("#preview").checked;
   body.mode = $("#mode").value;
+  const tags = $("#tags").value.trim();
+  if (tags) body.tags = tags;
+  const deps = [...$("#depends-on").selectedOptions].map((o) => o.value);
+  if (deps.length) body.depends_on = deps;
+  body.frame_order = $("#frame-order").value;
   if (body.mode === "sample_split") body.split_parts = parseInt($("#split-parts").value || "2", 10);
   if (body.device === "gpu") {
     if ($("#backend").value) body.backend = $("#backend").value;
@@ -240,15 +245,34 @@ async function submit(ev) {
   ev.preventDefault();
   const err = $("#submit-error");
   err.textContent = "";
+  for (const f of document.querySelectorAll("[data-error-for]")) f.textContent = "";
   if (!$("#formats input:checked")) { err.textContent = "Choose at least one output format."; return; }
   $("#submit").disabled = true;
   try {
     const job = await api("/api/jobs", { method: "POST", json: formBody() });
     location.assign("/jobs/" + encodeURIComponent(job.id || job.job_id));
   } catch (e) {
-    err.textContent = e.message;
+    // the API names the field a bad value came in (tags, depends_on, frame_order...)
+    const field = e instanceof ApiError && e.fields.field
+      ? document.querySelector(`[data-error-for="${CSS.escape(e.fields.field)}"]`) : null;
+    if (field) field.textContent = e.message;
+    else err.textContent = e.message;
     syncSubmit();
   }
+}
+
+/** The project's jobs a new job may wait for, newest first (those ended too: a done one lets it run). */
+async function loadJobs() {
+  let data;
+  try {
+    data = await api("/api/jobs?project=" + encodeURIComponent(page.project()) + "&limit=100");
+  } catch (e) {
+    toast(`Cannot list the project's jobs: ${e.message}`, "bad");
+    return;
+  }
+  const chosen = new Set([...$("#depends-on").selectedOptions].map((o) => o.value));
+  $("#depends-on").replaceChildren(...(data.jobs || []).map((j) => el("option",
+    { value: j.job_id, selected: chosen.has(j.job_id) }, `${j.name || j.job_id} · ${j.state} · ${j.job_id}`)));
 }
 
 async function loadUploads() {
@@ -263,8 +287,36 @@ async function loadUploads() {
   $("#uploads").replaceChildren(...ups.map((u) => el("li", {},
     el("div", { class: "name", title: u.name }, u.name,
       el("div", { class: "muted small" }, `${fmtBytes(u.size)} · ${fmtTime(u.created)}`)),
-    el("button", { class: "small", onclick: () => useUpload(u) }, "Use"))));
+    el("span", { class: "actions" },
+      el("button", { class: "small", onclick: () => useUpload(u) }, "Use"),
+      viewer() ? null : el("button", { class: "small danger", title: "Delete this upload and its stored file",
+        dataset: { delete: u.upload_id }, onclick: () => deleteUpload(u) }, "Delete")))));
   $("#uploads-empty").hidden = ups.length > 0;
+}
+
+function viewer() {
+  const info = ((page && page.me && page.me.projects) || []).find((p) => p.id === page.project());
+  return Boolean(info && info.role === "viewer");
+}
+
+/** Delete an upload after a confirmation; a job that has not finished keeps it (409, said). */
+async function deleteUpload(u) {
+  if (!confirm(`Delete ${u.name} from this project? Its stored file goes too unless another project has it.`)) return;
+  try {
+    await api(`/api/uploads/${encodeURIComponent(u.upload_id)}?project=${encodeURIComponent(page.project())}`, { method: "DELETE" });
+  } catch (e) {
+    toast(`Cannot delete ${u.name}: ${e.message}`, "bad");
+    return;
+  }
+  toast(`Deleted ${u.name}`);
+  if (upload && upload.upload_id === u.upload_id) {
+    upload = null;
+    report = null;
+    $("#inspect-panel").hidden = true;
+    $("#submit-form").hidden = true;
+    setStep("upload");
+  }
+  loadUploads();
 }
 
 function fillDevices(me) {
@@ -288,7 +340,7 @@ function syncOptions() {
   $("#tiles").disabled = $("#mode").value === "sample_split";
 }
 
-page = await startPage("upload", () => { fillDevices(page.me); loadUploads(); });
+page = await startPage("upload", () => { fillDevices(page.me); loadUploads(); loadJobs(); });
 if (page) {
   fillDevices(page.me);
   const dz = $("#dropzone");
@@ -301,5 +353,6 @@ if (page) {
   $("#mode").addEventListener("change", syncOptions);
   $("#submit-form").addEventListener("submit", submit);
   loadUploads();
+  loadJobs();
   document.body.dataset.ready = "1"; // handlers attached (tests wait for this)
 }

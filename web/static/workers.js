@@ -23,13 +23,14 @@ function task(w) {
 }
 
 function action(w) {
-  if (!data.may_disable || w.kind !== "render") return "";
+  if (!data.may_disable) return "";
   const disabling = !w.disabled;
   const button = el("button", { class: "small" + (disabling ? " danger" : ""), dataset: { action: disabling ? "disable" : "enable" } },
     disabling ? "Disable" : "Enable");
   button.addEventListener("click", () => withButton(button, async () => {
     await api(`/api/workers/${encodeURIComponent(w.name)}/${disabling ? "disable" : "enable"}`, { method: "POST" });
-    toast(disabling ? `${w.name} drains: it finishes its task and takes no new ones` : `${w.name} takes tasks again`, "ok");
+    const drains = w.kind === "stream" ? "it starts no new session, its running ones continue" : "it finishes its task and takes no new ones";
+    toast(disabling ? `${w.name} drains: ${drains}` : `${w.name} takes ${w.kind === "stream" ? "sessions" : "tasks"} again`, "ok");
     await load();
   }));
   return button;

@@ -1,0 +1,117 @@
+"""Deleting uploads (API and CLI): only by the upload's project, refused while a job that has
+not finished renders it, its stored file gone once no other project holds the same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from farm import cli, jobstore, keys, queue, submission
+from farm.accept import accept
+from farm.models import BlendSource
+from farm.settings import Settings
+from farm.states import JobState
+from tests.conftest import TESTDATA
+from tests.web.conftest import Tokens, api, bearer, scene_report
+
+PLAIN = TESTDATA / "01_principled_material.blend"
+
+
+async def _upload(client: TestClient[Any, Any], token: str, project: str) -> str:
+    resp = await client.put(f"/api/uploads/scene.blend?project={project}",
+                            data=PLAIN.read_bytes(), headers=bearer(token))  # fmt: skip
+    assert resp.status == 201, await resp.text()
+    return str((await resp.json())["upload_id"])
+
+
+async def _delete(client: TestClient[Any, Any], token: str, sha: str, query: str = "") -> Any:
+    return await client.delete(f"/api/uploads/{sha}{query}", headers=bearer(token))
+
+
+def _job_using(settings: Settings, project: str, sha: str, out: Path) -> str:
+    """A queued job of ``project`` that renders the upload ``sha`` (no worker needed)."""
+    store = jobstore.JobStore(jobstore.connect(settings.redis_url))
+    rq_conn = queue.connect(settings.redis_url)
+    try:
+        source = BlendSource("upload", f"uploads/{sha}/upload.blend", sha, "scene.blend")
+        req = submission.RenderRequest(output=str(out), frames="1", tiles="1x1", project=project)
+        queue_ = queue.RenderQueue(rq_conn, req.device)
+        return accept(settings, store, queue_, req, source, report=scene_report()).job_id
+    finally:
+        store.conn.close()
+        rq_conn.close()
+
+
+def _stored(settings: Settings, sha: str) -> list[Path]:
+    return [p for p in (settings.storage_dir / "uploads" / sha).rglob("*") if p.is_file()]
+
+
+async def test_an_upload_is_deleted_by_its_project_only_and_not_while_a_job_renders_it(
+    web_settings: Settings, tokens: Tokens, tmp_path: Path
+) -> None:
+    sha = hashlib.sha256(PLAIN.read_bytes()).hexdigest()
+    conn = jobstore.connect(web_settings.redis_url)
+    async with api(web_settings) as client:
+        assert await _upload(client, tokens.alice, "A") == sha
+        # another project's member, and a viewer: not theirs to delete
+        for query in ("", "?project=A"):
+            assert (await _delete(client, tokens.bob, sha, query)).status == 404
+        assert (await _delete(client, tokens.vera, sha)).status == 403
+        job_id = _job_using(web_settings, "A", sha, tmp_path / "out")
+        busy = await _delete(client, tokens.alice, sha)
+        assert busy.status == 409
+        error = (await busy.json())["error"]
+        assert job_id in error["message"] and error["jobs"] == [job_id]
+        assert _stored(web_settings, sha), "refused: the file stays"
+        store = jobstore.JobStore(conn)
+        assert store.end_job(job_id, JobState.CANCELED, "test") == "ok"
+        # project B has the same bytes: A's record goes, the file stays for B
+        assert await _upload(client, tokens.bob, "B") == sha
+        gone = await _delete(client, tokens.alice, sha, "?project=A")
+        assert gone.status == 200, await gone.text()
+        body = await gone.json()
+        assert (body["objects"], body["kept"]) == (0, "another project has the same file")
+        listed = await (await client.get("/api/uploads?project=A",
+                                         headers=bearer(tokens.alice))).json()  # fmt: skip
+        assert listed["uploads"] == []
+        assert int(conn.get(keys.project_stored_bytes("A")) or 0) == 0
+        assert (await _delete(client, tokens.alice, sha)).status == 404
+        assert _stored(web_settings, sha)
+        # the last holder deletes it: the file goes, and its stored record
+        last = await (await _delete(client, tokens.bob, sha)).json()
+        assert (last["objects"], last["kept"]) == (1, "")
+        # the canceled job that rendered it cannot run again: its file is gone
+        again = await client.post(f"/api/jobs/{job_id}/requeue", json={},
+                                  headers=bearer(tokens.alice))  # fmt: skip
+        assert again.status == 409
+        assert "was deleted from the farm" in (await again.json())["error"]["message"]
+    assert not _stored(web_settings, sha)
+    assert conn.get(keys.stored_upload(sha)) is None
+    conn.close()
+
+
+async def test_the_cli_lists_and_deletes_a_projects_uploads_only_with_yes(
+    web_settings: Settings, tokens: Tokens, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setenv("FARM_REDIS_URL", web_settings.redis_url)
+    monkeypatch.setenv("FARM_STORAGE_DIR", str(web_settings.storage_dir))
+    async with api(web_settings) as client:
+        sha = await _upload(client, tokens.alice, "A")
+    assert cli.main(["uploads", "--project", "A", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(u["upload_id"], u["name"]) for u in listed] == [(sha, "scene.blend")]
+    assert cli.main(["uploads", "--project", "A", "delete", sha]) == 2, "not without --yes"
+    assert "--yes" in capsys.readouterr().err
+    assert cli.main(["uploads", "--project", "B", "delete", sha, "--yes"]) == 3, "not B's"
+    assert _stored(web_settings, sha)
+    assert cli.main(["uploads", "delete", sha, "--yes"]) == 2, "no project said"
+    assert cli.main(["uploads", "delete", sha, "--project", "A", "--yes"]) == 0
+    assert not _stored(web_settings, sha)
+    assert cli.main(["uploads", "--project", "A"]) == 0
+    assert "no uploads" in capsys.readouterr().out
