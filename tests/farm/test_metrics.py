@@ -81,7 +81,18 @@ def test_after_a_job_the_worker_and_farm_metrics_count_its_tiles_time_and_usage(
     try:
         store, job_id = submit(w.settings, scene, tmp_path, tiles="2x1")
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done")
-        worker = scrape(f"http://127.0.0.1:{port}/metrics")
+        # the worker counts the job just after its last frame says done: wait for the count
+        worker: Samples = {}
+
+        def counted() -> bool:
+            nonlocal worker
+            worker = scrape(f"http://127.0.0.1:{port}/metrics")
+            return any(
+                n == "tessera_job_duration_seconds_count" and ("state", "done") in labels
+                for n, labels in worker
+            )
+
+        until(counted, 10, "the worker counting the job")
         running = parse(metrics.exposition()[0].decode())
     finally:
         w.stop()
