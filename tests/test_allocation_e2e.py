@@ -114,7 +114,9 @@ def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_scene(tmp_path_factory.mktemp("alloc") / "slow.blend", width=96, height=54)
 
 
-SLOW_SAMPLES = 1500
+#: the tile is still rendering when the test acts on it (seconds on one thread), and the
+#: takeover's re-render costs little
+SLOW_SAMPLES = 600
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +166,7 @@ def test_a_worker_paused_past_its_lease_cannot_commit_and_the_takeover_output_co
                                samples=SLOW_SAMPLES)  # fmt: skip
         wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
         os.kill(a.proc.pid, signal.SIGSTOP)  # a GC pause, a network cut: the lease runs out
-        b = WorkerProcess(redis_url, tmp_path, "takeover", **env)
+        b = WorkerProcess(redis_url, tmp_path, "takeover", **{**env, "FARM_CPU_THREADS": "2"})
         requeued = wait_for(store, job_id, lambda e: e.state == "queued" and bool(e.message), 60)
         assert "stopped answering" in requeued.message and requeued.attempt == 2
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 180)

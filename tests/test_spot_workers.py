@@ -11,8 +11,9 @@ import pytest
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, submit, until, wait_for
 
-#: enough samples that the tile is still rendering when the signal comes (several seconds)
-SLOW_SAMPLES = 1500
+#: enough samples that the tile is still rendering when the signal comes (seconds on one
+#: thread), few enough that the takeover's re-render costs little
+SLOW_SAMPLES = 600
 
 
 @pytest.fixture(scope="module")
