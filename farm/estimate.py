@@ -8,10 +8,11 @@ per frame it renders tasks of [measured on this machine with bpy 5.0.1: time = 0
 256x144 pixels; README "Estimates"]. The probe (workers.blender.probe) measures the three on
 the scene at a low resolution, for up to a few frames; a job's frame is priced from the nearest
 probed frames (linear in between). Adaptive sampling scales the sample cost by the share of
-samples it took in the probe; denoising adds a cost per pixel, measured once per device class
-(DENOISE_S_PER_MPX). Times on one class become times on another through speed ratios: measured
-by the farm from its jobs (farm.estimaterecords) where it has them, else the settings' or
-DEFAULT_SPEEDS. Everything here is pure; the caller brings the devices, rates and ratios.
+samples it took on patches of the frame at the scene's own count (adaptive_share); denoising
+adds a cost per pixel (DENOISE_S_PER_MPX). Times on one class become times on another through
+speed ratios: measured by the farm from its jobs (farm.estimaterecords) where it has them, else
+the settings' or DEFAULT_SPEEDS. Everything here is pure; the caller brings the devices, rates
+and ratios.
 """
 
 from __future__ import annotations
@@ -63,14 +64,15 @@ class ProbedFrame:
 
     frame: int
     first_s: float
-    """One sample right after the frame change: sync + fixed + one sample."""
-    repeat_s: float
-    """One sample again: fixed + one sample."""
+    """One sample right after the frame change: sync + fixed + one sample on every pixel."""
+    fixed_s: float
+    """A tile of a few pixels at one sample: the fixed cost of a render task."""
     samples: int
     sampled_s: float
-    """``samples`` samples, adaptive sampling off."""
-    adaptive_s: float | None = None
-    """``samples`` samples with adaptive sampling scaled to them (when the scene uses it)."""
+    """``samples`` samples, adaptive sampling off: fixed + ``samples`` on every pixel."""
+    adaptive: tuple[tuple[int, int, float], ...] = ()
+    """Adaptive renders of patches of the full-size frame at the scene's samples (when the
+    scene samples adaptively): (pixels, samples, seconds) each."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,17 @@ class Probe:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Probe:
         frames = tuple(
-            ProbedFrame(**{k: v for k, v in f.items() if k in ProbedFrame.__dataclass_fields__})
+            ProbedFrame(
+                frame=int(f["frame"]),
+                first_s=float(f["first_s"]),
+                fixed_s=float(f["fixed_s"]),
+                samples=int(f["samples"]),
+                sampled_s=float(f["sampled_s"]),
+                adaptive=tuple(
+                    (int(p["pixels"]), int(p["samples"]), float(p["render_s"]))
+                    for p in f.get("adaptive") or ()
+                ),
+            )
             for f in data["frames"]
         )
         if not frames:
@@ -125,17 +137,16 @@ def fit(probe: Probe) -> list[FrameCost]:
     pixels = probe.width * probe.height
     out = []
     for f in sorted(probe.frames, key=lambda f: f.frame):
-        extra = max(1, f.samples - 1)
-        per_sample = max(0.0, f.sampled_s - f.repeat_s) / extra / pixels
-        task = max(MIN_FIXED_S, f.repeat_s - per_sample * pixels)
-        if per_sample == 0.0:
-            # no measurable sample cost (noise): the one-sample render is all sample
-            per_sample = max(f.repeat_s - MIN_FIXED_S, 0.0) / pixels
+        task = max(MIN_FIXED_S, f.fixed_s)
+        per_sample = max(0.0, f.sampled_s - task) / max(1, f.samples) / pixels
+        sync = max(0.0, f.first_s - task - per_sample * pixels)
         share = 1.0
-        if probe.adaptive and f.adaptive_s is not None:
-            sampled = max(f.sampled_s - task, 1e-9)
-            share = min(1.0, max(MIN_ADAPTIVE_SHARE, (f.adaptive_s - task) / sampled))
-        out.append(FrameCost(f.frame, max(0.0, f.first_s - f.repeat_s), task, per_sample, share))
+        if probe.adaptive and f.adaptive and per_sample > 0:
+            # what the patches took beyond their fixed cost, against all their samples
+            spent = sum(max(0.0, seconds - task) for _px, _n, seconds in f.adaptive)
+            nominal = per_sample * sum(px * n for px, n, _s in f.adaptive)
+            share = min(1.0, max(MIN_ADAPTIVE_SHARE, spent / nominal))
+        out.append(FrameCost(f.frame, sync, task, per_sample, share))
     return out
 
 
@@ -164,6 +175,8 @@ class Workload:
 
     frames: tuple[int, ...]
     tasks_per_frame: int
+    #: samples per pixel of the frame (all parts of a sample split together)
+    samples: int
     #: samples times pixels of one frame's tasks together (tile overlaps included)
     sample_pixels: float
     #: adaptive sampling is on for the job's tasks
@@ -186,6 +199,7 @@ class Workload:
         return cls(
             frames=spec.frames,
             tasks_per_frame=spec.tasks_per_frame,
+            samples=samples,
             sample_pixels=sample_pixels,
             adaptive=adaptive,
             frame_pixels=spec.width * spec.height,
@@ -193,10 +207,25 @@ class Workload:
         )
 
 
-def frame_seconds(costs: Sequence[FrameCost], work: Workload, frame: int, workers: int) -> float:
-    """Render device-seconds of ``frame`` on the probe's class, ``workers`` sharing its tasks."""
+def adaptive_share(share: float, scene_samples: int, samples: int) -> float:
+    """The share of ``samples`` adaptive sampling takes, from the ``share`` of the scene's own
+    count the probe measured: a pixel stops where its noise is low enough, after about the
+    same number of samples whatever the cap, so a job that asks for fewer samples than that
+    takes all of them, and one that asks for more takes the same count."""
+    if samples <= 0:
+        return 1.0
+    return min(1.0, max(MIN_ADAPTIVE_SHARE, share * scene_samples / samples))
+
+
+def frame_seconds(
+    costs: Sequence[FrameCost], work: Workload, frame: int, workers: int, scene_samples: int = 0
+) -> float:
+    """Render device-seconds of ``frame`` on the probe's class, ``workers`` sharing its tasks
+    (``scene_samples``: the count the probe's adaptive share is of; 0: the job's)."""
     c = cost_at(costs, frame)
-    share = c.adaptive_share if work.adaptive else 1.0
+    share = 1.0
+    if work.adaptive:
+        share = adaptive_share(c.adaptive_share, scene_samples or work.samples, work.samples)
     syncs = max(1, min(workers, work.tasks_per_frame))
     return (
         c.sync_s * syncs
@@ -311,7 +340,9 @@ def estimate(
         pool = pools.get(name, Pool(0, 0))
         workers = pool.free or pool.devices or 1
         ratio = speed_ratio(probe.device_class, name, measured, speeds)
-        render_s = ratio.factor * sum(frame_seconds(costs, work, f, workers) for f in work.frames)
+        render_s = ratio.factor * sum(
+            frame_seconds(costs, work, f, workers, probe.scene_samples) for f in work.frames
+        )
         denoise_s = 0.0
         if work.denoise:
             cpu_ratio = speed_ratio("cpu", name, measured, speeds).factor

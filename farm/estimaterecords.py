@@ -61,7 +61,7 @@ def of_job(conn: Redis, job_id: str) -> tuple[Estimate | None, Check | None]:
     return est, check
 
 
-def _committed(row: TaskRow) -> Attempt | None:
+def committed(row: TaskRow) -> Attempt | None:
     """The attempt whose output the done task committed."""
     if row.state != "done":
         return None
@@ -72,7 +72,7 @@ def actual_by_class(rows: Iterable[TaskRow]) -> dict[str, float]:
     """Render seconds of the committed tasks by the class they rendered on."""
     out: dict[str, float] = {}
     for row in rows:
-        a = _committed(row)
+        a = committed(row)
         if a is not None and a.render_s is not None:
             out[a.device_class or "?"] = out.get(a.device_class or "?", 0.0) + a.render_s
     return out

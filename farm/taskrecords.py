@@ -52,6 +52,9 @@ class Attempt:
     logged: bool = False
     #: the allocator's class of the device ("cpu", "t4", "a100"): the estimate's actual
     device_class: str = ""
+    #: CPU time the Blender child spent in the render, s (all its threads; on a CPU device
+    #: what the render cost whatever else the host ran, the benchmark's load-free figure)
+    cpu_s: float | None = None
 
     @property
     def duration_s(self) -> float | None:

@@ -376,7 +376,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
     elif outcome in ("ok", "frame_ready"):
         logged = _write_done_log(ctx, task, result, ctx.child.log_since(mark))
-        ctx.record(task, "done", render_s=result.get("render_s"),
+        ctx.record(task, "done", render_s=result.get("render_s"), cpu_s=result.get("cpu_s"),
                    peak_memory_mib=result.get("peak_memory_mib"), logged=logged)  # fmt: skip
         metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
         ctx.report.count("done")

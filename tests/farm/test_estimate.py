@@ -16,6 +16,7 @@ from farm.estimate import (
     Probe,
     ProbedFrame,
     Workload,
+    adaptive_share,
     estimate,
     fit,
     frame_seconds,
@@ -36,9 +37,11 @@ def timed(samples: int) -> float:
     return TASK_S + SP_S * samples * PROBE_W * PROBE_H
 
 
-def probed(frame: int, scale: float = 1.0, adaptive_s: float | None = None) -> ProbedFrame:
-    return ProbedFrame(frame, scale * (SYNC_S + timed(1)), scale * timed(1), 20,
-                       scale * timed(20), adaptive_s)  # fmt: skip
+def probed(
+    frame: int, scale: float = 1.0, adaptive: tuple[tuple[int, int, float], ...] = ()
+) -> ProbedFrame:
+    return ProbedFrame(frame, scale * (SYNC_S + timed(1)), scale * TASK_S, 20,
+                       scale * timed(20), adaptive)  # fmt: skip
 
 
 def probe(*frames: ProbedFrame, adaptive: bool = False, device_class: str = "cpu") -> Probe:
@@ -90,18 +93,23 @@ def test_frames_between_probed_ones_are_interpolated() -> None:
 
 
 def test_adaptive_sampling_scales_the_sample_cost_by_the_share_it_took() -> None:
-    # adaptively, the probe's render took the task cost plus 40 % of its samples' cost
-    adaptive_s = TASK_S + 0.4 * (timed(20) - TASK_S)
-    (cost,) = fit(probe(probed(1, adaptive_s=adaptive_s), adaptive=True))
+    # adaptively, patches of 64 and 256 px at the scene's 128 samples took their task cost
+    # plus 40 % of their samples' cost
+    patches = tuple((px, 128, TASK_S + 0.4 * SP_S * px * 128) for px in (64, 256))
+    (cost,) = fit(probe(probed(1, adaptive=patches), adaptive=True))
     assert cost.adaptive_share == pytest.approx(0.4, rel=1e-3)
     report = scene_report(640, 360)
     plain = Workload.of(spec(tiles="1x1"), report)
     adaptive = Workload.of(spec(tiles="1x1"), replace(report, adaptive_sampling=True))
     costs = [cost]
     sampled = SP_S * plain.sample_pixels
-    assert frame_seconds(costs, adaptive, 1, 1) == pytest.approx(
-        frame_seconds(costs, plain, 1, 1) - 0.6 * sampled, rel=1e-3
+    assert frame_seconds(costs, adaptive, 1, 1, 128) == pytest.approx(
+        frame_seconds(costs, plain, 1, 1, 128) - 0.6 * sampled, rel=1e-3
     )
+    # pixels stop after about 0.4 x 128 = 51 samples: a job of 32 takes them all, one of 512
+    # takes the same 51 (a tenth of its count)
+    assert adaptive_share(0.4, 128, 32) == 1.0
+    assert adaptive_share(0.4, 128, 512) == pytest.approx(0.1)
 
 
 def test_classes_convert_by_measured_ratio_first_then_the_speed_table() -> None:
