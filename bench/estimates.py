@@ -38,9 +38,10 @@ sys.path.insert(0, str(REPO))
 from farm import estimaterecords, jobstore, queue, submission  # noqa: E402
 from farm.accept import accept, estimate_job  # noqa: E402
 from farm.alloc.allocator import SlotAllocator  # noqa: E402
+from farm.models import BlendSource  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.settings import Settings  # noqa: E402
-from farm.storage.local import LocalStorage  # noqa: E402
+from farm.storage.base import sha256_file  # noqa: E402
 from farm.taskrecords import TaskRecords  # noqa: E402
 
 #: builds one scene: argv = out path, then a JSON spec (kind, width, height, samples, frames)
@@ -181,7 +182,10 @@ def run_scene(settings: Settings, scene: Scene, blend: Path, out: Path) -> dict[
     store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
     q = queue.RenderQueue(queue.connect(settings.redis_url), "cpu")
     allocator = SlotAllocator(store.conn, ttl_s=settings.lease_ttl_s)
-    source = LocalStorage(settings.storage_dir).put_upload(blend)
+    # read where it lies, with the files beside it (the bundled scene's textures), as
+    # `farm render` does
+    blend = blend.resolve()
+    source = BlendSource("path", str(blend), sha256_file(blend), blend.name)
     opts = {"formats": "exr", "tiles": "2x2", **scene.options}
     req = submission.RenderRequest(output=out / "frames", **opts)
     t0 = time.perf_counter()

@@ -327,7 +327,7 @@ def _require_worker(settings: Settings, device: str) -> None:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
-    from farm import jobstore
+    from farm import estimaterecords, jobstore
 
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     if args.job is None:
@@ -341,7 +341,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
                 f"{j.frames_done:>4}/{j.frames_total:<4}  {safe(j.spec.name)}"
             )
         return None
-    job = store.status(args.job)
+    job = estimaterecords.settled(store.conn, store.status(args.job), time.time(),
+                                  settings.estimate_errors_max)  # fmt: skip
     if args.json:
         return job.to_dict()
     started = job.started_s or job.created_s

@@ -11,6 +11,7 @@ job goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -19,8 +20,9 @@ from typing import Any
 
 from farm import keys
 from farm.estimate import Estimate
+from farm.models import JobStatus
 from farm.redisclient import Redis, guard
-from farm.taskrecords import Attempt, TaskRow, progress
+from farm.taskrecords import Attempt, TaskRecords, TaskRow, progress
 
 #: the fields of a job's hash
 ESTIMATE_FIELD = "estimate"
@@ -125,6 +127,18 @@ def record(
         pipe.hincrby(keys.ESTIMATE_RATIOS, f"{pair}|n", 1)
     guard(pipe.execute)
     return found
+
+
+def settled(conn: Redis, status: JobStatus, now: float, keep: int) -> JobStatus:
+    """``status`` with its estimate checked: a done job's reader does not wait for the worker
+    that finished it to write the check (whoever is first writes it, once)."""
+    if status.state != "done" or status.estimate is None or status.estimate_actual is not None:
+        return status
+    record(conn, status.id, status.spec.project, TaskRecords(conn).rows(status.id), now, keep)
+    _est, found = of_job(conn, status.id)
+    if found is None:
+        return status
+    return dataclasses.replace(status, estimate_actual=found.to_dict())
 
 
 def ratios(conn: Redis) -> dict[str, tuple[float, int]]:

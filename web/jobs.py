@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from farm import budget, submission
+from farm import budget, estimaterecords, submission
 from farm.accept import accept
 from farm.errors import BadParameter, Conflict, NotFound
 from farm.jobstore import JobStore
@@ -233,6 +233,9 @@ def frames_view(store: JobStore, status: JobStatus) -> dict[str, Any]:
 
 async def get_job(request: web.Request) -> web.Response:
     status = await job_for(request)
+    app = request.app
+    conn, keep = app[STORE].conn, app[SETTINGS].estimate_errors_max
+    status = await blocking(app, estimaterecords.settled, conn, status, time.time(), keep)
     frames = await blocking(request.app, frames_view, request.app[STORE], status)
     return web.json_response({**job_json(status), "frames": frames})
 

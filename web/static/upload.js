@@ -1,5 +1,6 @@
 // Upload page: resumable upload of a .blend/.zip, the inspection report, and the submit form.
-import { api, ApiError, el, $, fmtBytes, fmtTime, startPage, toast } from "./app.js";
+import { api, ApiError, el, $, fmtBytes, fmtTime, startPage, toast, withButton } from "./app.js";
+import { showEstimate } from "./estimate.js";
 
 const CHUNK_BYTES = 8 * 1024 * 1024;
 const CHUNK_TRIES = 4;
@@ -251,6 +252,18 @@ async function submit(ev) {
   }
 }
 
+async function estimate() {
+  const note = $("#estimate-note");
+  note.textContent = "Rendering the probe…";
+  await withButton($("#estimate"), async () => {
+    try {
+      showEstimate($("#estimate-table"), note, await api("/api/jobs/estimate", { method: "POST", json: formBody() }));
+    } catch (e) {
+      note.textContent = e.message;
+    }
+  });
+}
+
 async function loadUploads() {
   let data;
   try {
@@ -300,6 +313,7 @@ if (page) {
   $("#device").addEventListener("change", syncOptions);
   $("#mode").addEventListener("change", syncOptions);
   $("#submit-form").addEventListener("submit", submit);
+  $("#estimate").addEventListener("click", estimate);
   loadUploads();
   document.body.dataset.ready = "1"; // handlers attached (tests wait for this)
 }
