@@ -49,9 +49,10 @@ DEFAULT_SPEEDS: dict[str, float] = {
     "*": 8.0,
 }
 ANY = "*"
-#: seconds to denoise a megapixel once (OIDN on the stitched frame), by class; measured on
-#: this machine's 2 CPU cores (README "Estimates"); other classes through their speed ratio
-DENOISE_S_PER_MPX = 1.1
+#: seconds to denoise a megapixel once on a host's CPUs (OIDN on the stitched frame, with its
+#: EXR round trip): 29 to 43 s/MPx at 384x216, 768x432 and 1152x648 on this project's 2 shared
+#: cores (load 5-6); other classes through their speed ratio to the CPU
+DENOISE_S_PER_MPX = 30.0
 #: a task's fixed cost is never taken below this (timer noise can make the fit negative)
 MIN_FIXED_S = 0.001
 #: the least share of samples adaptive sampling is taken to keep
