@@ -7,8 +7,9 @@ import math
 from dataclasses import replace
 
 import pytest
+import redis
 
-from farm import budget
+from farm import budget, estimaterecords
 from farm.alloc.usage import Rates
 from farm.estimate import (
     DEFAULT_SPEEDS,
@@ -25,6 +26,7 @@ from farm.estimate import (
 )
 from farm.models import BlendSource, JobSpec
 from farm.settings import Settings
+from farm.taskrecords import Attempt, TaskRow
 from tests.web.conftest import scene_report
 
 #: a scene whose render costs exactly: sync 0.5 s per frame, 0.02 s per task, 2 us per
@@ -154,3 +156,34 @@ def test_the_probe_takes_the_first_last_and_evenly_between() -> None:
     assert probe_frames(1, 100, 1, 3) == [1, 51, 100]
     assert probe_frames(10, 20, 5, 3) == [10, 15, 20]
     assert probe_frames(1, 100, 1, 1) == [1]
+
+
+def test_a_job_on_another_class_records_its_error_and_the_ratio_between_the_classes(
+    redis_url: str,
+) -> None:
+    conn = redis.Redis.from_url(redis_url, decode_responses=True)
+    work = Workload.of(spec(tiles="1x1", frames=(1,)), scene_report(640, 360))
+    pools = {"cpu": Pool(1, 1), "t4": Pool(1, 1)}
+    est = estimate(probe(probed(1)), work, ["t4"], pools, Rates.of(Settings()), {}, {})
+    cpu, t4 = est.classes
+    estimaterecords.save(conn, "j1", est)
+    # the job rendered on a T4 in a tenth of the CPU's estimate (the default table says 1/4)
+    took_s = cpu.render_s / 10
+    done = Attempt(1, "w", "GPU 0 (Tesla T4)", 0.0, 1.0, render_s=took_s, outcome="done",
+                   device_class="t4")  # fmt: skip
+    rows = [TaskRow(1, 0, "done", 1, [done])]
+    found = estimaterecords.record(conn, "j1", "A", rows, now=5.0, keep=100)
+    assert found is not None and found.device_class == "t4"
+    assert found.error == pytest.approx((t4.render_s - took_s) / took_s, abs=1e-3)
+    # recorded once: a second reader (the web, farm status) finds it checked
+    assert estimaterecords.record(conn, "j1", "A", rows, now=6.0, keep=100) is None
+    (entry,) = estimaterecords.errors(conn)
+    assert entry["job"] == "j1" and float(entry["error"]) == found.error
+    measured = estimaterecords.ratios(conn)
+    assert measured["cpu>t4"][1] == 1
+    assert speed_ratio("cpu", "t4", measured, {}).factor == pytest.approx(0.1, rel=1e-3)
+    # the next estimate converts by the measured ratio
+    again = estimate(probe(probed(1)), work, ["t4"], pools, Rates.of(Settings()), measured, {})
+    assert again.classes[1].ratio_source == "measured"
+    assert again.classes[1].render_s == pytest.approx(cpu.render_s / 10, rel=1e-3)
+    conn.close()
