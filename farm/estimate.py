@@ -29,8 +29,8 @@ from farm.models import SAMPLE_SPLIT, InspectionReport, JobSpec
 from farm.tiling import TileGrid, plan_tiles
 
 #: relative render speed of each device class, a host's CPUs = 1, until the farm has measured
-#: a ratio from real jobs (FARM_DEVICE_SPEEDS overrides). Rough figures from public Cycles
-#: benchmark medians against a 16-core desktop CPU; the farm replaces them as jobs finish.
+#: a ratio from real jobs (FARM_DEVICE_SPEEDS overrides). Rough placeholders, not measured by
+#: this project (it has had no GPU to time): the farm replaces them pair by pair as jobs finish.
 DEFAULT_SPEEDS: dict[str, float] = {
     "cpu": 1.0,
     "t4": 4.0,
