@@ -67,11 +67,12 @@ def set_budget(conn: Redis, project: str, amount: float | None, period: str = "3
 
 def job_cost(est: Estimate, device_kind: str) -> ClassEstimate | None:
     """The estimate a budget holds a job of ``device_kind`` (cpu or gpu) to: the CPU's, or the
-    dearest GPU class shown (any of them may render it)."""
+    dearest GPU class shown (any of them may render it); the probe's class where none of the
+    kind is online (the job waits for one, and is not let through unpriced)."""
     if device_kind == "cpu":
-        return est.on("cpu")
+        return est.on("cpu") or est.on(est.probe_class)
     gpus = [c for c in est.classes if c.device_class != "cpu"]
-    return max(gpus, key=lambda c: c.cost) if gpus else None
+    return max(gpus, key=lambda c: c.cost) if gpus else est.on(est.probe_class)
 
 
 @dataclass(frozen=True)

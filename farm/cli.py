@@ -22,6 +22,7 @@ from farm.terminal import safe
 # before anything heavy (rq, redis, numpy) is imported, so `import bpy` overlaps them.
 if TYPE_CHECKING:
     from farm import jobstore, submission
+    from farm.accept import Quoted
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
@@ -294,7 +295,7 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     return None
 
 
-def _print_estimate(quoted: Any, as_json: bool) -> dict[str, Any] | None:
+def _print_estimate(quoted: Quoted, as_json: bool) -> dict[str, Any] | None:
     """`farm submit --estimate`'s table (or JSON): the job is not queued."""
     from farm.estimate import render_text
 
