@@ -407,7 +407,8 @@ async def inspection(
     settings = app[SETTINGS]
     device = await blocking(app, inspecting_class, conn, settings, device)
     render_queue = queue.RenderQueue(app[RQ_CONN], device)
-    hold_s = settings.inspect_timeout_s + INSPECTION_HOLD_EXTRA_S
+    # with the probe, the worker may take the inspection's time twice (farm.submission.inspect)
+    hold_s = settings.inspect_timeout_s * (2 if probe else 1) + INSPECTION_HOLD_EXTRA_S
     async with in_flight(request, rec["project"], INSPECTIONS, hold_s):
         report = await waiting(
             app,
