@@ -22,6 +22,7 @@ from farm.terminal import safe
 # before anything heavy (rq, redis, numpy) is imported, so `import bpy` overlaps them.
 if TYPE_CHECKING:
     from farm import jobstore, submission
+    from farm.accept import Quoted
 
 
 def _job_options(p: argparse.ArgumentParser) -> None:
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", required=True, help="folder or s3://BUCKET/PREFIX the frames are delivered to"
     )
     p.add_argument("--wait", action="store_true", help="watch the job until it ends")
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="only estimate the job (time per frame, wall time, device-hours, cost, kWh, "
+        "CO2e on each device class) from a probe render; nothing is queued",
+    )
 
     p = sub.add_parser("status", help="show one job, or the latest jobs")
     p.add_argument("job", nargs="?")
@@ -157,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("project")
     t.add_argument("role", help="admin, member or viewer")
     t.add_argument("classes", nargs="*", help="device classes (cpu, t4, a100, ...; gpu: any GPU)")
+    t.add_argument("--json", action="store_true")
+    t = pol.add_parser("budget", help="the project's budget per period (jobs over it are refused)")
+    t.add_argument("project")
+    t.add_argument("amount", nargs="?", type=float, help="in FARM_USAGE_CURRENCY (none: show)")
+    t.add_argument("--period", default="30d", help="an age: 30d, 7d, 24h (default 30d)")
+    t.add_argument("--clear", action="store_true", help="remove the project's budget")
     t.add_argument("--json", action="store_true")
 
     p = sub.add_parser("web", help="serve the web UI and API (FARM_WEB_HOST:FARM_WEB_PORT)")
@@ -253,7 +266,8 @@ def cmd_render(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
 
 def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
     from farm import jobstore, queue, submission
-    from farm.accept import accept
+    from farm.accept import accept, estimate_job
+    from farm.alloc.allocator import SlotAllocator
     from farm.blendfile import check_blend
     from farm.storage.factory import farm_storage
 
@@ -267,7 +281,11 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     storage.close()
     store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
     render_queue = queue.RenderQueue(queue.connect(settings.redis_url), req.device)
-    accepted = accept(settings, store, render_queue, req, source)
+    allocator = SlotAllocator(store.conn, ttl_s=settings.lease_ttl_s)
+    if args.estimate:
+        return _print_estimate(estimate_job(settings, store, render_queue, req, source, allocator),
+                               args.json)  # fmt: skip
+    accepted = accept(settings, store, render_queue, req, source, allocator=allocator)
     for w in accepted.warnings:
         print(f"farm: warning: {safe(w)}", file=sys.stderr)
     if args.wait:
@@ -275,6 +293,26 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     if args.json:
         return store.status(accepted.job_id).to_dict()
     print(accepted.job_id)
+    return None
+
+
+def _print_estimate(quoted: Quoted, as_json: bool) -> dict[str, Any] | None:
+    """`farm submit --estimate`'s table (or JSON): the job is not queued."""
+    from farm.estimate import render_text
+
+    standing = quoted.budget
+    if as_json:
+        return {
+            "estimate": quoted.estimate.to_dict(),
+            "budget": None if standing is None else standing.to_dict(),
+            "warnings": quoted.warnings,
+        }
+    print(render_text(quoted.estimate))
+    if standing is not None:
+        cur = quoted.estimate.currency
+        print(f"budget: {standing.left:.2f} {cur} left of {standing.budget.amount:.2f} {cur} "
+              f"({standing.spent:.2f} spent, {standing.committed:.2f} committed)")  # fmt: skip
+    print("farm: estimate only; nothing was queued", file=sys.stderr)
     return None
 
 
@@ -291,7 +329,7 @@ def _require_worker(settings: Settings, device: str) -> None:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
-    from farm import jobstore
+    from farm import estimaterecords, jobstore
 
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     if args.job is None:
@@ -305,7 +343,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
                 f"{j.frames_done:>4}/{j.frames_total:<4}  {safe(j.spec.name)}"
             )
         return None
-    job = store.status(args.job)
+    job = estimaterecords.settled(store.conn, store.status(args.job), time.time(),
+                                  settings.estimate_errors_max)  # fmt: skip
     if args.json:
         return job.to_dict()
     started = job.started_s or job.created_s
@@ -322,7 +361,22 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
         print("  the file wanted to run Python scripts; they were blocked")
     for w in job.warnings:
         print(f"  warning: {safe(w)}")
+    if job.estimate is not None:
+        print(f"  {_estimate_line(job.estimate, job.estimate_actual, job.spec.device)}")
     return None
+
+
+def _estimate_line(est: dict[str, Any], actual: dict[str, Any] | None, device: str) -> str:
+    """Estimate against actual render device-seconds, as `farm status` prints them."""
+    if actual is not None:
+        return (
+            f"estimate {actual['estimated_s']:.1f} s of rendering on {actual['device_class']}, "
+            f"actual {actual['actual_s']:.1f} s (error {actual['error'] * 100:+.0f} %)"
+        )
+    shown = [c for c in est["classes"] if device == "cpu" and c["device_class"] == "cpu"]
+    shown = shown or [c for c in est["classes"] if c["device_class"] != "cpu"] or est["classes"]
+    parts = [f"{c['render_s']:.1f} s on {c['device_class']}" for c in shown]
+    return f"estimate {', '.join(parts)} of rendering; actual once the job is done"
 
 
 def _watch(store: jobstore.JobStore, job_id: str) -> None:
@@ -557,6 +611,8 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     conn = jobstore.connect(settings.redis_url)
     try:
         allocator = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
+        if args.policy_command == "budget":
+            return _budget(conn, settings, args)
         if args.policy_command == "set":
             allocator.set_policy(args.project, args.role, args.classes)
         policy = allocator.policy(args.project)
@@ -566,6 +622,26 @@ def cmd_policy(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
         return {"project": args.project, "policy": {r: list(c) for r, c in policy.items()}}
     for role, classes in policy.items():
         print(f"{role:<8} {', '.join(classes) or '(none)'}")
+    return None
+
+
+def _budget(conn: Any, settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    from farm import budget, jobstore
+
+    if args.clear:
+        budget.set_budget(conn, args.project, None)
+    elif args.amount is not None:
+        budget.set_budget(conn, args.project, args.amount, args.period)
+    standing = budget.standing(jobstore.JobStore(conn), settings, args.project)
+    if args.json:
+        return {"project": args.project, "budget": standing and standing.to_dict()}
+    if standing is None:
+        print(f"project {args.project} has no budget")
+        return None
+    cur = settings.usage_currency
+    print(f"{standing.budget.amount:.2f} {cur} per {budget.period_text(standing.budget)}: "
+          f"{standing.spent:.2f} spent, {standing.committed:.2f} committed, "
+          f"{standing.left:.2f} left")  # fmt: skip
     return None
 
 

@@ -245,6 +245,14 @@ class OverLimit(FarmError):
     exit_status = 5
 
 
+class OverBudget(FarmError):
+    """A job's estimated cost is more than its project's budget has left in this period;
+    ``estimate``, ``left``, ``budget``, ``spent`` and ``committed`` give the numbers."""
+
+    code = "over_budget"
+    exit_status = 5
+
+
 class NoWorker(NoCapacity):
     """No render worker of the device class asked for is online; nothing was queued."""
 

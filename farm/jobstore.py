@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -482,4 +483,10 @@ def _status_of(job_id: str, data: dict[str, str]) -> JobStatus:
         scripts_blocked=data.get("scripts_blocked") == "1",
         warnings=[w for w in data.get("warnings", "").split("\n") if w],
         archived_s=opt("archived_s"),
+        estimate=_json_field(data, "estimate"),
+        estimate_actual=_json_field(data, "estimate_actual"),
     )
+
+
+def _json_field(data: dict[str, str], name: str) -> Any:
+    return json.loads(data[name]) if data.get(name) else None

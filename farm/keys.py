@@ -355,6 +355,21 @@ def usage_rolled(project: str) -> str:
     return f"{PREFIX}:usage:{project}:rolled"
 
 
+# --- estimates before submit (farm.estimaterecords, farm.budget) -------------------------------
+
+#: stream: one entry per finished job that had an estimate (its error), capped at
+#: FARM_ESTIMATE_ERRORS_MAX entries
+ESTIMATE_ERRORS = f"{PREFIX}:estimate-errors"
+#: hash: ``from>to|log`` (sum of log(time on to / estimate on from)) and ``from>to|n`` (jobs),
+#: the farm's measured speed ratios between device classes
+ESTIMATE_RATIOS = f"{PREFIX}:estimate-ratios"
+
+
+def project_budget(project: str) -> str:
+    """Hash: the project's budget, ``amount`` (currency of FARM_USAGE_PRICES) per ``period_s``."""
+    return f"{PREFIX}:project:{project}:budget"
+
+
 # --- webhooks (farm.webhooks) -------------------------------------------------------------------
 
 #: set of the projects with at least one webhook: job events of others go to no outbox

@@ -335,6 +335,10 @@ class InspectionReport:
     vram_estimate_mib: int = 0
     #: the scene's final render runs a compositor node tree
     compositor: bool = False
+    #: the estimate's probe renders, timed (farm.estimate.Probe), when inspection was asked
+    #: for one; ``probe_error`` says why there is none where it failed
+    probe: dict[str, Any] | None = None
+    probe_error: str = ""
     v: int = SCHEMA_VERSION
 
     @classmethod
@@ -381,6 +385,10 @@ class JobStatus:
     warnings: list[str] = field(default_factory=list)
     #: when a user archived it (hidden from the default jobs list, kept); None: not archived
     archived_s: float | None = None
+    #: the estimate shown at submission (farm.estimate.Estimate as a dict); None: none
+    estimate: dict[str, Any] | None = None
+    #: the estimate against the done job's render times (farm.estimaterecords.Check)
+    estimate_actual: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -141,14 +141,20 @@ class RenderQueue:
         )
 
     def enqueue_inspection(
-        self, source: BlendSource, reply_key: str, timeout_s: float, project: str
+        self,
+        source: BlendSource,
+        reply_key: str,
+        timeout_s: float,
+        project: str,
+        probe: bool = False,
     ) -> str:
         """Queue an inspection for ``project`` at the front; returns its rq id (for
-        drop_waiting). The worker opens the file in a child of that project's only."""
+        drop_waiting). The worker opens the file in a child of that project's only.
+        ``probe``: it also renders the estimate's probe (farm.estimate)."""
         job: Job = guard(
             self.queue.enqueue_call,
             INSPECT_TASK,
-            args=(source.to_dict(), reply_key, project),
+            args=(source.to_dict(), reply_key, project, *((True,) if probe else ())),
             timeout=_rq_timeout(timeout_s),
             result_ttl=0,
             failure_ttl=FAILURE_TTL_S,

@@ -438,7 +438,7 @@ class Settings:
     webhook_max_per_project: int = 10
     """FARM_WEBHOOK_MAX_PER_PROJECT: webhooks one project may have."""
 
-    # --- H-ops: operator features (issue #16 gaps) --------------------------------------------
+    # --- webhooks for operators: Retry-After, secret rotation
 
     webhook_retry_after_max_s: float = 3600.0
     """FARM_WEBHOOK_RETRY_AFTER_MAX_S: the longest a delivery waits for a receiver's 429 or
@@ -447,6 +447,27 @@ class Settings:
     webhook_secret_grace_s: float = 86400.0
     """FARM_WEBHOOK_SECRET_GRACE_S: after a hook's secret is rotated, how long deliveries are
     signed with the old secret too (a second ``v1=`` in X-Tessera-Signature)."""
+
+    # --- estimates before submit (farm.estimate, farm.estimaterecords, farm.budget)
+
+    estimate_probe_s: float = 2.0
+    """FARM_ESTIMATE_PROBE_S: render time the estimate's probe aims at for its sampled renders,
+    all probed frames together (its one-sample renders come on top)."""
+
+    estimate_probe_pixels: int = 16384
+    """FARM_ESTIMATE_PROBE_PIXELS: pixels of the probe's scaled-down frame (about 170x96)."""
+
+    estimate_probe_frames: int = 3
+    """FARM_ESTIMATE_PROBE_FRAMES: frames of an animation the probe renders (first, last and
+    evenly between)."""
+
+    device_speeds: str = ""
+    """FARM_DEVICE_SPEEDS: JSON render speed by device class, a host's CPUs = 1, ``{"t4": 4,
+    "a100": 14}``, used where the farm has not yet measured a ratio between two classes
+    (defaults: farm.estimate.DEFAULT_SPEEDS)."""
+
+    estimate_errors_max: int = 10000
+    """FARM_ESTIMATE_ERRORS_MAX: estimate-vs-actual records the farm keeps (the oldest go)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -660,9 +681,15 @@ ENV: dict[str, tuple[str, type, float]] = {
     "webhook_backoff_max_s": ("FARM_WEBHOOK_BACKOFF_MAX_S", float, 0.01),
     "webhook_timeout_s": ("FARM_WEBHOOK_TIMEOUT_S", float, 0.1),
     "webhook_max_per_project": ("FARM_WEBHOOK_MAX_PER_PROJECT", int, 0),
-    # H-ops: operator features
+    # webhooks for operators
     "webhook_retry_after_max_s": ("FARM_WEBHOOK_RETRY_AFTER_MAX_S", float, 0.0),
     "webhook_secret_grace_s": ("FARM_WEBHOOK_SECRET_GRACE_S", float, 0.0),
+    # estimates before submit
+    "estimate_probe_s": ("FARM_ESTIMATE_PROBE_S", float, 0.01),
+    "estimate_probe_pixels": ("FARM_ESTIMATE_PROBE_PIXELS", int, 64),
+    "estimate_probe_frames": ("FARM_ESTIMATE_PROBE_FRAMES", int, 1),
+    "device_speeds": ("FARM_DEVICE_SPEEDS", str, 0),
+    "estimate_errors_max": ("FARM_ESTIMATE_ERRORS_MAX", int, 1),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -357,14 +357,19 @@ def inspect(
     on_wait: Callable[[], None] | None = None,
     *,
     project: str,
+    probe: bool = False,
 ) -> InspectionReport:
     """Ask a worker of ``queue`` to inspect the file for ``project`` (its Blender child is
     never one another project's file has been in); waits at most ``timeout_s`` for its answer.
 
     ``on_wait`` runs about once a second while waiting (the embedded farm checks its workers).
+    ``probe``: the report carries the estimate's probe too (farm.estimate); the worker may
+    then take ``timeout_s`` for the probe on top of the opening (its own bound, in the child).
     """
+    if probe:
+        timeout_s *= 2
     reply_key = keys.reply(uuid.uuid4().hex)
-    rq_id = queue.enqueue_inspection(source, reply_key, timeout_s, project)
+    rq_id = queue.enqueue_inspection(source, reply_key, timeout_s, project, probe)
     deadline = time.monotonic() + timeout_s
     popped = None
     while popped is None and time.monotonic() < deadline:

@@ -50,6 +50,11 @@ class Attempt:
     cause: str = ""
     #: the attempt left a log (web: /api/jobs/{job}/tiles/{frame}/{tile}/attempts/{n}/log)
     logged: bool = False
+    #: the allocator's class of the device ("cpu", "t4", "a100"): the estimate's actual
+    device_class: str = ""
+    #: CPU time the Blender child spent in the render, s (all its threads; on a CPU device
+    #: what the render cost whatever else the host ran, the benchmark's load-free figure)
+    cpu_s: float | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -82,8 +87,10 @@ class TaskRecords:
         self.conn = conn
         self._write = conn.register_script(_WRITE)
 
-    def started(self, task: TileTask, worker: str, device: str, now: float) -> None:
-        self._put(task, Attempt(task.attempt, worker, device, now))
+    def started(
+        self, task: TileTask, worker: str, device: str, now: float, device_class: str = ""
+    ) -> None:
+        self._put(task, Attempt(task.attempt, worker, device, now, device_class=device_class))
 
     def ended(self, task: TileTask, now: float, outcome: str, **fields: Any) -> None:
         """The attempt ended: ``render_s``, ``peak_memory_mib``, ``cause``, ``logged``."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from farm import submission
+from farm import budget, estimaterecords, submission
 from farm.accept import accept
 from farm.errors import BadParameter, Conflict, NotFound
 from farm.jobstore import JobStore
@@ -20,7 +20,7 @@ from farm.queue import RenderQueue
 from farm.settings import Settings
 from farm.states import JobState
 from web import intake, jsonio
-from web.appkeys import CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
+from web.appkeys import ALLOCATOR, CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
 from web.auth import check_device, role_in
 from web.limits import JOB_TILES, limits_of
 from web.uploads import inspection
@@ -99,7 +99,9 @@ async def submit_job(request: web.Request) -> web.Response:
     submission.check_request(req)
     await check_device(request, project, role, req.device)
     rec = await blocking(app, intake.find, app[CONN], [project], upload_id)
-    report = await inspection(request, rec, req.device)
+    # a project with a budget has every job estimated: its inspection renders the probe
+    limited = await blocking(app, budget.get, app[CONN], project) is not None
+    report = await inspection(request, rec, req.device, probe=limited)
     limits = limits_of(request)
     max_tasks = await blocking(app, limits.allowed, project, JOB_TILES)
     render_queue = RenderQueue(app[RQ_CONN], req.device)
@@ -107,6 +109,7 @@ async def submit_job(request: web.Request) -> web.Response:
     accepted = await blocking(
         app, accept, settings, app[STORE], render_queue, req, intake.source_of(rec), report,
         max_tasks=max_tasks, admit=partial(limits.within_tile_budget, project), role=role,
+        allocator=app[ALLOCATOR],
     )  # fmt: skip
     log.info("event=job_submitted job=%s project=%s user=%s upload=%s device=%s priority=%d",
              accepted.job_id, project, user_of(request).name, upload_id, req.device,
@@ -230,6 +233,9 @@ def frames_view(store: JobStore, status: JobStatus) -> dict[str, Any]:
 
 async def get_job(request: web.Request) -> web.Response:
     status = await job_for(request)
+    app = request.app
+    conn, keep = app[STORE].conn, app[SETTINGS].estimate_errors_max
+    status = await blocking(app, estimaterecords.settled, conn, status, time.time(), keep)
     frames = await blocking(request.app, frames_view, request.app[STORE], status)
     return web.json_response({**job_json(status), "frames": frames})
 

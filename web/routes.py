@@ -12,6 +12,7 @@ from web import (
     auth,
     blocklists,
     downloads,
+    estimates,
     events,
     frameimages,
     health,
@@ -120,6 +121,13 @@ def table() -> list[Route]:
           "class) and who may launch desktop apps (project admins)",
           body={"role": S, "devices": {"type": "array", "items": S}, "desktop_apps": S},
           tags=("accounts",)),
+        R("GET", "/api/projects/{project}/budget", estimates.get_budget,
+          "the project's budget per period: spent, committed to unfinished jobs, left",
+          tags=("accounts",)),
+        R("PUT", "/api/projects/{project}/budget", estimates.set_budget,
+          "set the project's budget: an amount per period (30d, 24h); null removes it "
+          "(project admins)", body={"amount": {"type": ["number", "null"]}, "period": S},
+          tags=("accounts",)),
         R("GET", "/api/projects/{project}/webhooks", webhooks.list_hooks,
           "the project's webhooks, without their secrets (project admins)", tags=("webhooks",)),
         R("POST", "/api/projects/{project}/webhooks", webhooks.create_hook,
@@ -171,6 +179,14 @@ def table() -> list[Route]:
         # jobs
         R("POST", "/api/jobs", jobs.submit_job, "submit a render job", body=_job_body(),
           tags=("jobs",)),
+        R("POST", "/api/jobs/estimate", estimates.estimate,
+          "estimate a job before submitting it (the submit body; nothing is queued): per "
+          "device class, time per frame, wall time with the devices free now, device-hours, "
+          "cost, kWh, CO2e; and what the project's budget has left", body=_job_body(),
+          tags=("jobs",)),
+        R("GET", "/api/estimates/errors", estimates.estimate_errors,
+          "the newest estimate-vs-actual checks of the jobs of the user's projects",
+          query=("limit",), tags=("jobs",)),
         R("GET", "/api/jobs", jobs.list_jobs,
           "jobs of the user's projects, sorted (submitted, state, name, progress)",
           query=("project", "state", "archived", "sort", "order", "limit"), tags=("jobs",)),

@@ -389,26 +389,30 @@ def inspecting_class(conn: Any, settings: Any, wanted: str | None) -> str:
 
 
 async def inspection(
-    request: web.Request, rec: dict[str, Any], device: str | None
+    request: web.Request, rec: dict[str, Any], device: str | None, probe: bool = False
 ) -> InspectionReport:
     """The upload's inspection report: cached, or asked of a worker now (of ``device`` where
     one is online). Refused at once when no worker is online, or when the project has its
-    limit of inspections running (429)."""
+    limit of inspections running (429). ``probe``: the report carries the estimate's probe
+    (a cached report without one is made again with it)."""
     app = request.app
     conn = app[CONN]
     key = keys.inspection(rec["upload_id"])
     cached = await blocking(app, guard, conn.get, key)
     if cached is not None:
-        return InspectionReport.from_dict(json.loads(cached))
+        known = InspectionReport.from_dict(json.loads(cached))
+        if not probe or known.probe is not None:
+            return known
     source = intake.source_of(rec)
     settings = app[SETTINGS]
     device = await blocking(app, inspecting_class, conn, settings, device)
     render_queue = queue.RenderQueue(app[RQ_CONN], device)
-    hold_s = settings.inspect_timeout_s + INSPECTION_HOLD_EXTRA_S
+    # with the probe, the worker may take the inspection's time twice (farm.submission.inspect)
+    hold_s = settings.inspect_timeout_s * (2 if probe else 1) + INSPECTION_HOLD_EXTRA_S
     async with in_flight(request, rec["project"], INSPECTIONS, hold_s):
         report = await waiting(
             app,
-            partial(submission.inspect, project=rec["project"]),
+            partial(submission.inspect, project=rec["project"], probe=probe),
             conn,
             render_queue,
             source,

@@ -410,6 +410,28 @@ class BlenderChild(lifetime.ChildHandle):
             {"op": "inspect", "path": str(path)}, timeout_s, f"inspecting {Path(path).name}"
         )
 
+    def probe(
+        self,
+        path: Path,
+        *,
+        frames: Sequence[int],
+        pixels: int,
+        budget_s: float,
+        out_dir: Path,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """The estimate's probe of ``path`` (workers.blender.probe): small renders of
+        ``frames`` at about ``pixels`` pixels, timed, within about ``budget_s`` of rendering."""
+        request = {
+            "op": "probe",
+            "path": str(path),
+            "frames": list(frames),
+            "pixels": pixels,
+            "budget_s": budget_s,
+            "out_dir": str(out_dir),
+        }
+        return self._call(request, timeout_s, f"probing {Path(path).name} for an estimate")
+
     def render(
         self,
         path: Path,

@@ -10,11 +10,21 @@ import shutil
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from farm import blocklist, delivery, dependencies, failures, metrics, tagslots
+from farm import (
+    blocklist,
+    delivery,
+    dependencies,
+    estimate,
+    estimaterecords,
+    failures,
+    metrics,
+    tagslots,
+)
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
@@ -89,7 +99,8 @@ class WorkerContext:
             if ended:
                 self.records.ended(task, self.store.clock(), ended, **fields)
             else:
-                self.records.started(task, self.name, self.device_label, self.store.clock())
+                self.records.started(task, self.name, self.device_label, self.store.clock(),
+                                     self.device.device_class)  # fmt: skip
         except FarmError as exc:
             log.warning("event=task_record_failed job=%s frame=%d tile=%d error=%r",
                         task.job_id, task.frame, task.index, exc.message)  # fmt: skip
@@ -196,10 +207,13 @@ def context() -> WorkerContext:
 PUBLIC_FIELDS = frozenset({"reason", "signal", "exit_code", "timeout_s"})
 
 
-def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> None:
+def inspect_blend(
+    source: dict[str, Any], reply_key: str, project: str = "", probe: bool = False
+) -> None:
     """Open the .blend with scripts off and push the report (or the error) onto ``reply_key``.
 
-    ``project`` asked for it (empty: none named; see BlenderChild.use).
+    ``project`` asked for it (empty: none named; see BlenderChild.use). ``probe``: the report
+    also carries the estimate's probe (``_probe``), timed on this worker's device.
     """
     ctx = context()
     src = BlendSource.from_dict(source)
@@ -207,6 +221,8 @@ def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> 
         with ctx.report.activity("inspecting", task="inspection", project=project):
             path = ctx.prepare(src, project or None)
             report = ctx.child.inspect(path, ctx.settings.inspect_timeout_s)
+            if probe:
+                report = {**report, **_probe(ctx, path, report)}
         reply: dict[str, Any] = {"ok": True, "report": report}
     except FarmError as exc:
         log.warning("event=inspection_failed worker=%s project=%s sha256=%s error=%s "
@@ -218,6 +234,30 @@ def inspect_blend(source: dict[str, Any], reply_key: str, project: str = "") -> 
     pipe.lpush(reply_key, json.dumps(reply))
     pipe.expire(reply_key, 600)
     pipe.execute()
+
+
+def _probe(ctx: WorkerContext, path: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """``{"probe": ...}``: the estimate's probe renders, timed on this worker's device; or
+    ``{"probe_error": ...}`` (the report stands without it: tiles would say what failed)."""
+    settings = ctx.settings
+    frames = estimate.probe_frames(
+        report["frame_start"], report["frame_end"], report["frame_step"],
+        settings.estimate_probe_frames,
+    )  # fmt: skip
+    out_dir = ctx.child.writable(ctx.scratch / f"probe-{uuid.uuid4().hex}")
+    try:
+        measured = ctx.child.probe(path, frames=frames, pixels=settings.estimate_probe_pixels,
+                                   budget_s=settings.estimate_probe_s, out_dir=out_dir,
+                                   timeout_s=settings.inspect_timeout_s)  # fmt: skip
+    except FarmError as exc:
+        log.warning("event=probe_failed worker=%s error=%s message=%r", ctx.name, exc.code,
+                    exc.message)  # fmt: skip
+        return {"probe_error": redaction.public(exc.message)}
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    log.info("event=probed worker=%s frames=%s took_s=%s", ctx.name, frames,
+             measured.get("took_s"))  # fmt: skip
+    return {"probe": {**measured, "device_class": ctx.device.device_class}}
 
 
 # --- tiles -------------------------------------------------------------------------------------
@@ -336,7 +376,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
         _tile_failed(ctx, spec, task, "lease lost before the commit", counts=False)
     elif outcome in ("ok", "frame_ready"):
         logged = _write_done_log(ctx, task, result, ctx.child.log_since(mark))
-        ctx.record(task, "done", render_s=result.get("render_s"),
+        ctx.record(task, "done", render_s=result.get("render_s"), cpu_s=result.get("cpu_s"),
                    peak_memory_mib=result.get("peak_memory_mib"), logged=logged)  # fmt: skip
         metrics.TILES_RENDERED.labels(ctx.device.device_class).inc()
         ctx.report.count("done")
@@ -574,12 +614,30 @@ def assemble_frame(job_id: str, frame: int, attempt: int = 1) -> None:
     outcome = ctx.store.finish_frame(job_id, frame, attempt)
     if outcome == "ok":
         metrics.observe_job_end(ctx.store, job_id)
+        _check_estimate(ctx, job_id, spec)
         # the job's last frame releases the jobs waiting for it: their tiles go out now
         dependencies.push_released(ctx.store, ctx.queue.conn)
     if outcome == "ok" and ctx.settings.tile_retention == "delete":
         # the MP4's preview stills stay with the job (a requeue rebuilds the MP4 from them)
         ctx.storage.delete_prefix(frame_tiles_key(job_id, frame))
     log.info("event=frame_done job=%s frame=%d commit=%s", job_id, frame, outcome)
+
+
+def _check_estimate(ctx: WorkerContext, job_id: str, spec: JobSpec) -> None:
+    """Once the job is done, check its estimate (if it had one) against its tasks' times."""
+    try:
+        if ctx.store.state(job_id) != JobState.DONE:
+            return
+        conn, rows = ctx.store.conn, ctx.records.rows(job_id)
+        found = estimaterecords.record(conn, job_id, spec.project, rows, ctx.store.clock(),
+                                       ctx.settings.estimate_errors_max)  # fmt: skip
+    except FarmError as exc:  # the check informs; the job is done whatever happens here
+        log.warning("event=estimate_check_failed job=%s error=%r", job_id, exc.message)
+        return
+    if found is not None:
+        log.info("event=estimate_checked job=%s class=%s estimated_s=%s actual_s=%s error=%s",
+                 job_id, found.device_class, found.estimated_s, found.actual_s,
+                 found.error)  # fmt: skip
 
 
 def _assemble(

@@ -200,6 +200,8 @@ def test_to_env_rebuilds_every_setting() -> None:
         webhook_backoff_max_s=30.0, webhook_timeout_s=2.0, webhook_max_per_project=4,
         worker_tags="big,lic", tag_limits='{"lic": 2}', blocklist_failures=5,
         webhook_retry_after_max_s=60.0, webhook_secret_grace_s=600.0,
+        estimate_probe_s=1.0, estimate_probe_pixels=4096, estimate_probe_frames=2,
+        device_speeds='{"t4": 3}', estimate_errors_max=50,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):

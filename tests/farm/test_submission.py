@@ -23,7 +23,7 @@ def _job_flags(command: str) -> set[str]:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     sub: argparse.ArgumentParser = commands.choices[command]
-    others = {"help", "json", "blend", "output", "wait", "workers", "keep_logs"}
+    others = {"help", "json", "blend", "output", "wait", "workers", "keep_logs", "estimate"}
     return {a.dest for a in sub._actions} - others
 
 

@@ -425,3 +425,38 @@ def test_task_table_sorts_filters_and_shows_blenders_figures(
         _shot(page, tmp_path, "task-table")
         context.close()
     assert not errors, errors
+
+
+def test_the_form_estimates_before_submitting_and_the_job_shows_estimate_against_actual(
+    browser: Browser, site: Site, tmp_path: Path
+) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        _sign_in(page, site, "/upload")
+        page.set_input_files("#file", str(site.blend))
+        expect(page.locator("#submit")).to_be_enabled(timeout=RENDER_TIMEOUT_MS)
+        page.uncheck("#denoise")
+        page.fill("#name", "estimated shot")
+        # the probe renders on the worker; the table shows the CPU class's figures
+        page.click("#estimate")
+        row = page.locator("#estimate-table tr[data-class='cpu']")
+        expect(row).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+        expect(row.locator("[data-field=frame]")).to_contain_text(" s")
+        expect(row.locator("[data-field=wall]")).to_contain_text(" s")
+        expect(row.locator("[data-field=cost]")).to_contain_text("USD")
+        expect(page.locator("#estimate-note")).to_contain_text("a probe rendered on cpu")
+        _shot(page, tmp_path, "estimate")
+        # submitted: the job page shows the estimate, then the actual against it once done
+        page.click("#submit")
+        page.wait_for_url(site.live.url + "/jobs/*")
+        expect(page.locator("#job-state")).to_have_text("done", timeout=RENDER_TIMEOUT_MS)
+        shown = page.locator("#stats .v.estimate")
+        expect(shown).to_contain_text("actual", timeout=RENDER_TIMEOUT_MS)
+        expect(shown).to_contain_text("est.")
+        expect(shown).to_contain_text("%")
+    finally:
+        context.close()
+    assert not errors, errors

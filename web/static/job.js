@@ -1,5 +1,6 @@
 // Job page: live tile grid per frame from the job's server-sent events, thumbnails, log, actions.
 import { api, el, $, badge, progressBar, fmtBytes, fmtFrames, fmtTime, fmtDuration, startPage, toast, withButton } from "./app.js";
+import { estimateText } from "./estimate.js";
 import { waitingNote, watchWaiting } from "./waiting.js";
 
 const FINAL = new Set(["done", "failed", "canceled"]);
@@ -196,7 +197,8 @@ function drawStats() {
     stat("Device", String(spec.device || "").toUpperCase(), "small"),
     stat("Formats", (spec.formats || []).join(", "), "small"),
     stat("Submitted", fmtTime(job.created_s), "small"),
-    stat("Elapsed", fmtDuration(elapsed), "small"));
+    stat("Elapsed", fmtDuration(elapsed), "small"),
+    estimateText(job) && stat("Render time", estimateText(job), "small estimate"));
 }
 
 function drawNotes() {

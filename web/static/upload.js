@@ -1,5 +1,6 @@
 // Upload page: resumable upload of a .blend/.zip, the inspection report, and the submit form.
-import { api, ApiError, el, $, fmtBytes, fmtTime, startPage, toast } from "./app.js";
+import { api, ApiError, el, $, fmtBytes, fmtTime, startPage, toast, withButton } from "./app.js";
+import { showEstimate } from "./estimate.js";
 
 const CHUNK_BYTES = 8 * 1024 * 1024;
 const CHUNK_TRIES = 4;
@@ -275,6 +276,18 @@ async function loadJobs() {
     { value: j.job_id, selected: chosen.has(j.job_id) }, `${j.name || j.job_id} · ${j.state} · ${j.job_id}`)));
 }
 
+async function estimate() {
+  const note = $("#estimate-note");
+  note.textContent = "Rendering the probe…";
+  await withButton($("#estimate"), async () => {
+    try {
+      showEstimate($("#estimate-table"), note, await api("/api/jobs/estimate", { method: "POST", json: formBody() }));
+    } catch (e) {
+      note.textContent = e.message;
+    }
+  });
+}
+
 async function loadUploads() {
   let data;
   try {
@@ -352,6 +365,7 @@ if (page) {
   $("#device").addEventListener("change", syncOptions);
   $("#mode").addEventListener("change", syncOptions);
   $("#submit-form").addEventListener("submit", submit);
+  $("#estimate").addEventListener("click", estimate);
   loadUploads();
   loadJobs();
   document.body.dataset.ready = "1"; // handlers attached (tests wait for this)

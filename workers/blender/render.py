@@ -66,10 +66,11 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
     # setting add-on properties (scene.cycles.samples, device) alone does not tag it:
     # measured with bpy 5.0.1, a samples change was otherwise silently ignored.
     scene.update_tag()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         bpy.ops.render.render(write_still=True, scene=scene.name)
         render_s = time.perf_counter() - t0
+        cpu_s = time.process_time() - cpu0
         if not tmp.is_file():
             raise ChildError("render_failed", f"Blender wrote no image for {out_path.name}")
         # Blender's own figure, from the stamp _prepare_scene asks for (read before the
@@ -90,6 +91,8 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         "width": width_px,
         "height": height_px,
         "render_s": round(render_s, 4),
+        # every thread of this process: the render's CPU time, however busy the host was
+        "cpu_s": round(cpu_s, 4),
         "peak_memory_mib": peak_mib,
         "autoexec_fail": opened["autoexec_fail"],
         "device": session.device_name if cycles_device == "GPU" else "CPU",

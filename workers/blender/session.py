@@ -11,7 +11,7 @@ from typing import Any
 import bpy
 
 from workers import containment, wire
-from workers.blender import denoise, gpu, inspection, outputs, render
+from workers.blender import denoise, gpu, inspection, outputs, probe, render
 from workers.blender.errors import ChildError, blender_message
 from workers.blender.process import log
 
@@ -132,6 +132,7 @@ def serve(session: Session, cmd_fd: int, reply_fd: int) -> int:
         "render": lambda req: render.render(session, req),
         "denoise": lambda req: denoise.denoise(session, req),
         "convert": lambda req: outputs.convert(session, req),
+        "probe": lambda req: probe.probe(session, req),
     }
     while True:
         try:
