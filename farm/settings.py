@@ -438,6 +438,12 @@ class Settings:
     webhook_max_per_project: int = 10
     """FARM_WEBHOOK_MAX_PER_PROJECT: webhooks one project may have."""
 
+    # --- live preview (issue #17 part 1) ------------------------------------------------------
+
+    live_preview_ttl_s: float = 3600.0
+    """FARM_LIVE_PREVIEW_TTL_S: a live-preview job's pass images stay in Redis this long after
+    its last pass (viewers joining mid-frame start from them); they are small 8-bit JPEGs."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -650,6 +656,8 @@ ENV: dict[str, tuple[str, type, float]] = {
     "webhook_backoff_max_s": ("FARM_WEBHOOK_BACKOFF_MAX_S", float, 0.01),
     "webhook_timeout_s": ("FARM_WEBHOOK_TIMEOUT_S", float, 0.1),
     "webhook_max_per_project": ("FARM_WEBHOOK_MAX_PER_PROJECT", int, 0),
+    # live preview (issue #17 part 1)
+    "live_preview_ttl_s": ("FARM_LIVE_PREVIEW_TTL_S", float, 1.0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

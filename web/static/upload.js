@@ -227,6 +227,7 @@ function formBody() {
   body.denoise = $("#denoise").checked;
   body.passes = $("#passes").checked;
   body.preview = $("#preview").checked;
+  if ($("#live-preview").checked) body.live_preview = true;
   body.mode = $("#mode").value;
   if (body.mode === "sample_split") body.split_parts = parseInt($("#split-parts").value || "2", 10);
   if (body.device === "gpu") {

@@ -1,0 +1,125 @@
+// Job page, live preview: a live-preview job's frame converging, tile passes drawn as they land
+// (JPEG over server-sent events), with the tile grid, the samples so far and the ETA.
+import { api, $, fmtDuration } from "./app.js";
+
+const jobId = decodeURIComponent(location.pathname.replace(/^\/jobs\//, "").replace(/\/$/, ""));
+const base = "/api/jobs/" + encodeURIComponent(jobId);
+
+let spec = null;
+let frame = null; // the frame shown
+let tiles = new Map(); // tile index -> {samples, index, passes} of the frame shown
+let drawing = Promise.resolve(); // passes are drawn in the order they arrive
+let etaAsked = 0;
+// what was drawn when (tests and bench/preview_latency.py read it): the pass's publish time
+// (epoch s, the worker's clock) and when its pixels were on the canvas (epoch ms, this clock)
+window.__livePasses = [];
+
+function cuts(size, parts) {
+  return Array.from({ length: parts + 1 }, (_, i) => Math.floor((i * size) / parts));
+}
+
+function drawGrid() {
+  const canvas = $("#live-grid");
+  canvas.width = spec.width;
+  canvas.height = spec.height;
+  const ctx = canvas.getContext("2d");
+  const m = /^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$/.exec(String(spec.tiles || "1x1"));
+  const cols = m ? parseInt(m[1], 10) : 1;
+  const rows = m && m[2] ? parseInt(m[2], 10) : cols;
+  ctx.strokeStyle = "rgba(255, 255, 255, 0.45)";
+  ctx.lineWidth = Math.max(1, spec.width / 400);
+  ctx.setLineDash([4, 3]);
+  ctx.beginPath();
+  for (const x of cuts(spec.width, cols).slice(1, -1)) { ctx.moveTo(x, 0); ctx.lineTo(x, spec.height); }
+  // rows count up from the bottom in Blender; the cuts are symmetric enough to draw top-down
+  for (const y of cuts(spec.height, rows).slice(1, -1)) { ctx.moveTo(0, spec.height - y); ctx.lineTo(spec.width, spec.height - y); }
+  ctx.stroke();
+}
+
+function showCounts(total) {
+  const count = spec.tile_count;
+  const samples = Array.from({ length: count }, (_, i) => (tiles.get(i) || { samples: 0 }).samples);
+  const least = Math.min(...samples);
+  const most = Math.max(...samples);
+  const range = least === most ? `${least}` : `${least}\u2013${most}`;
+  const started = samples.filter((s) => s > 0).length;
+  $("#live-samples").textContent = `frame ${frame} \u00b7 ${range} of ${total} samples \u00b7 ${started}/${count} tiles`;
+  $("#live-canvas").dataset.samples = String(least);
+}
+
+async function askEta() {
+  const now = Date.now();
+  if (now - etaAsked < 1000) return;
+  etaAsked = now;
+  try {
+    const data = await api(base + "/tasks?limit=1");
+    const eta = data.progress ? data.progress.eta_s : null;
+    $("#live-eta").textContent = eta === null || eta === undefined ? "ETA after the first tile" : `ETA ${fmtDuration(eta)}`;
+  } catch (err) {
+    $("#live-eta").textContent = "";
+  }
+}
+
+function bytesOf(b64) {
+  const text = atob(b64);
+  const out = new Uint8Array(text.length);
+  for (let i = 0; i < text.length; i++) out[i] = text.charCodeAt(i);
+  return out;
+}
+
+async function draw(p) {
+  const bitmap = await createImageBitmap(new Blob([bytesOf(p.jpeg)], { type: "image/jpeg" }));
+  const canvas = $("#live-canvas");
+  const ctx = canvas.getContext("2d");
+  if (frame !== p.frame) {
+    frame = p.frame;
+    tiles = new Map();
+    ctx.fillStyle = "#0b0d10";
+    ctx.fillRect(0, 0, canvas.width, canvas.height);
+  }
+  ctx.drawImage(bitmap, p.x, p.y, p.w, p.h);
+  bitmap.close();
+  tiles.set(p.tile, { samples: p.samples, index: p.index, passes: p.passes });
+  showCounts(p.total_samples);
+  window.__livePasses.push({ frame: p.frame, tile: p.tile, pass: p.index, samples: p.samples, ts: p.ts, shown_ms: performance.timeOrigin + performance.now() });
+  canvas.dataset.passes = String(window.__livePasses.length);
+  askEta();
+}
+
+function setLive(text, on) {
+  const node = $("#live-link");
+  node.classList.toggle("on", on);
+  node.querySelector("span").textContent = text;
+}
+
+function connect() {
+  const source = new EventSource(base + "/live", { withCredentials: true });
+  source.addEventListener("pass", (ev) => {
+    const p = JSON.parse(ev.data);
+    drawing = drawing.then(() => draw(p)).catch(() => {});
+  });
+  source.addEventListener("ready", () => setLive("live \u00b7 JPEG over SSE", true));
+  source.addEventListener("end", () => {
+    source.close();
+    setLive("frame done", false);
+    $("#live-eta").textContent = "";
+  });
+  source.onerror = () => setLive("reconnecting", false);
+}
+
+async function start() {
+  const job = await api(base);
+  spec = job.spec || {};
+  if (!spec.live_preview) return;
+  const m = /^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$/.exec(String(spec.tiles || "1x1"));
+  spec.tile_count = m ? parseInt(m[1], 10) * (m[2] ? parseInt(m[2], 10) : parseInt(m[1], 10)) : 1;
+  const canvas = $("#live-canvas");
+  canvas.width = spec.width;
+  canvas.height = spec.height;
+  $("#live-view").style.aspectRatio = `${spec.width} / ${spec.height}`;
+  drawGrid();
+  $("#live-panel").hidden = false;
+  connect();
+}
+
+start();
