@@ -91,7 +91,7 @@ def render_in_passes(
             if number == len(schedule):
                 _write(out_path, merged, spec.layered)
             shown = _core_rgba(merged, spec.layered, plan)
-            jpeg = _tone_map(child, blend, shown, out_path.with_name(f"{stem}.live"), task.frame)
+            jpeg = _tone_map(child, blend, shown, out_path.with_name(f"{stem}-live"), task.frame)
             x0, x1 = plan.core.x0, plan.core.x1
             top, _, _, _ = frame_box(plan.core, spec.height)
             sent = livepreview.publish(
@@ -143,7 +143,7 @@ def _tone_map(
     child: BlenderChild, blend: Path, rgba: npt.NDArray[np.float32], stem: Path, frame: int
 ) -> bytes:
     """``rgba`` as a display-referred JPEG, Blender applying the scene's colour management."""
-    linear, jpeg = stem.with_suffix(".exr"), stem.with_suffix(".jpg")
+    linear, jpeg = stem.with_name(stem.name + ".exr"), stem.with_name(stem.name + ".jpg")
     try:
         exr.write_rgba(linear, rgba)
         child.convert(

@@ -37,7 +37,7 @@ function drawGrid() {
 }
 
 function showCounts(total) {
-  const count = spec.tile_count;
+  const count = spec ? spec.tile_count : tiles.size;
   const samples = Array.from({ length: count }, (_, i) => (tiles.get(i) || { samples: 0 }).samples);
   const least = Math.min(...samples);
   const most = Math.max(...samples);
@@ -70,6 +70,7 @@ function bytesOf(b64) {
 async function draw(p) {
   const bitmap = await createImageBitmap(new Blob([bytesOf(p.jpeg)], { type: "image/jpeg" }));
   const canvas = $("#live-canvas");
+  if (canvas.width !== p.frame_w || canvas.height !== p.frame_h) size(p.frame_w, p.frame_h);
   const ctx = canvas.getContext("2d");
   if (frame !== p.frame) {
     frame = p.frame;
@@ -92,6 +93,17 @@ function setLive(text, on) {
   node.querySelector("span").textContent = text;
 }
 
+function size(width, height) {
+  const canvas = $("#live-canvas");
+  if (canvas.width !== width || canvas.height !== height) {
+    canvas.width = width; // (clears it: only before the first pass, or for a new size)
+    canvas.height = height;
+  }
+  $("#live-view").style.aspectRatio = `${width} / ${height}`;
+  $("#live-panel").hidden = false;
+  if (spec) drawGrid();
+}
+
 function connect() {
   const source = new EventSource(base + "/live", { withCredentials: true });
   source.addEventListener("pass", (ev) => {
@@ -105,21 +117,23 @@ function connect() {
     $("#live-eta").textContent = "";
   });
   source.onerror = () => setLive("reconnecting", false);
+  return source;
 }
 
 async function start() {
+  // the stream opens at once, beside the job's details: a viewer joining mid-frame sees the
+  // frame's state without waiting for them (the passes say the frame's size)
+  const source = connect();
   const job = await api(base);
-  spec = job.spec || {};
-  if (!spec.live_preview) return;
-  const m = /^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$/.exec(String(spec.tiles || "1x1"));
-  spec.tile_count = m ? parseInt(m[1], 10) * (m[2] ? parseInt(m[2], 10) : parseInt(m[1], 10)) : 1;
-  const canvas = $("#live-canvas");
-  canvas.width = spec.width;
-  canvas.height = spec.height;
-  $("#live-view").style.aspectRatio = `${spec.width} / ${spec.height}`;
-  drawGrid();
-  $("#live-panel").hidden = false;
-  connect();
+  const got = job.spec || {};
+  if (!got.live_preview) {
+    source.close();
+    return;
+  }
+  const m = /^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$/.exec(String(got.tiles || "1x1"));
+  got.tile_count = m ? parseInt(m[1], 10) * (m[2] ? parseInt(m[2], 10) : parseInt(m[1], 10)) : 1;
+  spec = got;
+  size(spec.width, spec.height);
 }
 
 start();
