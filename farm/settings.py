@@ -444,6 +444,11 @@ class Settings:
     """FARM_LIVE_PREVIEW_TTL_S: a live-preview job's pass images stay in Redis this long after
     its last pass (viewers joining mid-frame start from them); they are small 8-bit JPEGs."""
 
+    live_preview_budget: float = 0.10
+    """FARM_LIVE_PREVIEW_BUDGET: what a live-preview tile's sample passes may cost over one
+    plain render of it, as a fraction of that render (0.10: at most about 1.10x): a worker
+    merges the passes still to come once more render calls would cost more."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -658,6 +663,7 @@ ENV: dict[str, tuple[str, type, float]] = {
     "webhook_max_per_project": ("FARM_WEBHOOK_MAX_PER_PROJECT", int, 0),
     # live preview (issue #17 part 1)
     "live_preview_ttl_s": ("FARM_LIVE_PREVIEW_TTL_S", float, 1.0),
+    "live_preview_budget": ("FARM_LIVE_PREVIEW_BUDGET", float, 0.0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from farm import livepreview
 from farm.errors import RenderError
 from farm.models import JobSpec, TileTask
-from farm.passschedule import pass_schedule
+from farm.passschedule import pass_schedule, trim
 from farm.redisclient import Redis
 from farm.tiling import TileGrid, crop_box, frame_box, plan_tiles
 from workers import exr, stillmodes
@@ -48,11 +48,14 @@ def render_in_passes(
     out_path: Path,
     ttl_s: float,
     check: Callable[[], None],
+    budget: float,
 ) -> dict[str, Any]:
     """Render task ``task`` into ``out_path`` in passes, publishing each merged state.
 
-    ``check`` runs between passes and raises to stop (the tile's lease lost). Returns the
-    child's render result with the passes' render time summed and the peak memory's maximum.
+    ``check`` runs between passes and raises to stop (the tile's lease lost). ``budget``: the
+    passes' extra cost over one plain render, as a fraction of it (farm.passschedule.trim).
+    Returns the child's render result with the passes' render time summed and the peak
+    memory's maximum.
     """
     if spec.samples is None:
         raise RenderError("a live-preview job must fix its sample count")
@@ -68,8 +71,14 @@ def render_in_passes(
     result: dict[str, Any] = {}
     render_s, peak = 0.0, 0.0
     stem = out_path.name.removesuffix(".exr")
+    timings: list[tuple[int, float]] = []
+    done: list[tuple[int, int]] = []
+    rest = schedule
     try:
-        for number, (offset, count) in enumerate(schedule, start=1):
+        while rest:
+            (offset, count), rest = rest[0], rest[1:]
+            number = len(timings) + 1
+            started = time.monotonic()
             check()
             part = out_path.with_name(f"{stem}.pass{number}.exr")
             result = child.render(
@@ -88,7 +97,7 @@ def render_in_passes(
             parts.append((_read(part, spec.layered), count))
             part.unlink(missing_ok=True)
             merged = merge_parts(parts)
-            if number == len(schedule):
+            if not rest:
                 _write(out_path, merged, spec.layered)
             shown = _core_rgba(merged, spec.layered, plan)
             jpeg = _tone_map(child, blend, shown, out_path.with_name(f"{stem}-live"), task.frame)
@@ -100,19 +109,23 @@ def render_in_passes(
                 livepreview.TilePass(
                     frame=task.frame, tile=task.index, attempt=task.attempt, x=x0, y=top,
                     w=x1 - x0, h=plan.core.height, frame_w=spec.width, frame_h=spec.height,
-                    index=number, passes=len(schedule), samples=offset + count,
+                    index=number, passes=number + len(rest), samples=offset + count,
                     total_samples=spec.samples, jpeg=livepreview.encode_jpeg(jpeg),
                 ),
                 ttl_s,
             )  # fmt: skip
-            log.info("event=live_pass job=%s frame=%d tile=%d pass=%d/%d samples=%d id=%s",
-                     task.job_id, task.frame, task.index, number, len(schedule), offset + count,
-                     sent)  # fmt: skip
+            # the pass's whole cost (render, merge, tone-map, publish) decides the passes left
+            timings.append((count, time.monotonic() - started))
+            log.info("event=live_pass job=%s frame=%d tile=%d pass=%d/%d samples=%d id=%s "
+                     "pass_s=%.3f", task.job_id, task.frame, task.index, number,
+                     number + len(rest), offset + count, sent, timings[-1][1])  # fmt: skip
+            done.append((offset, count))
+            rest = trim(done + rest, timings, budget)
     finally:
         for leftover in out_path.parent.glob(f"{stem}.pass*.exr"):
             leftover.unlink(missing_ok=True)
     return {**result, "render_s": round(render_s, 4), "peak_memory_mib": peak or None,
-            "samples": spec.samples, "passes": len(schedule)}  # fmt: skip
+            "samples": spec.samples, "passes": len(timings)}  # fmt: skip
 
 
 def _read(path: Path, layered: bool) -> LayeredImage:

@@ -299,6 +299,7 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
                 result = progressive.render_in_passes(
                     ctx.child, ctx.store.conn, blend, spec, task, scratch,
                     ctx.settings.live_preview_ttl_s, renewal.check,
+                    ctx.settings.live_preview_budget,
                 )  # fmt: skip
             else:
                 result = ctx.child.render(

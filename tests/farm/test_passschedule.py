@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from farm.errors import BadParameter
-from farm.passschedule import pass_schedule, samples_so_far
+from farm.passschedule import fit_cost, pass_schedule, samples_so_far, trim
 
 
 @pytest.mark.parametrize("total", [1, 2, 3, 4, 5, 16, 17, 100, 256, 4096, 10_000])
@@ -28,3 +28,25 @@ def test_cumulative_counts_grow_geometrically_up_to_the_samples() -> None:
     assert pass_schedule(1) == [(0, 1)]
     with pytest.raises(BadParameter, match="at least one sample"):
         pass_schedule(0)
+
+
+def test_the_cost_fit_finds_a_render_calls_fixed_and_per_sample_time() -> None:
+    fixed, per_sample = fit_cost([(1, 0.06), (3, 0.08), (12, 0.17)])
+    assert fixed == pytest.approx(0.05)
+    assert per_sample == pytest.approx(0.01)
+    assert fit_cost([(1, 0.2)]) == (0.2, 0.0)
+
+
+def test_passes_are_merged_when_their_calls_would_cost_more_than_the_budget() -> None:
+    runs = pass_schedule(1024)  # cumulative 4, 16, 64, 256, 1024
+    # 50 ms a call, 1 ms a sample: a plain render is about 1.07 s, 10 % of it pays two calls
+    cheap_calls = [(4, 0.054), (12, 0.062)]
+    assert trim(runs, cheap_calls, 0.10) == [(16, 1008)]
+    # 5 ms a call: the budget pays for every pass
+    assert trim(runs, [(4, 0.009), (12, 0.017)], 0.10) == runs[2:]
+    # a generous budget keeps the schedule; what is left always ends at the total
+    assert trim(runs, cheap_calls, 100.0) == runs[2:]
+    assert trim(runs, [], 0.10) == runs
+    for budget in (0.0, 0.05, 0.2, 1.0):
+        rest = trim(runs, cheap_calls, budget)
+        assert rest[0][0] == 16 and sum(c for _, c in rest) == 1024 - 16

@@ -199,7 +199,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         webhook_allow_private=1, webhook_max_attempts=3, webhook_backoff_s=0.5,
         webhook_backoff_max_s=30.0, webhook_timeout_s=2.0, webhook_max_per_project=4,
         worker_tags="big,lic", tag_limits='{"lic": 2}', blocklist_failures=5,
-        live_preview_ttl_s=60.0,
+        live_preview_ttl_s=60.0, live_preview_budget=0.5,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):
