@@ -11,7 +11,8 @@ next; only passes the page drew count.
 alternating (a warm-up plain job first, not counted): job wall time from accept to done, and
 the tiles' task time summed (started to ended on the worker, i.e. passes, merges, tone-mapping
 and publishing included). Only jobs that ended done count; a live job counts only if every
-tile published its last pass.
+tile published its last pass. Also the ratio pair by pair (each live job against the plain job
+just before it), since load on a shared machine drifts between pairs.
 
 Prints medians and spreads, then one JSON line whose names carry units.
 
@@ -152,7 +153,7 @@ def cost(
 ) -> dict[str, list[float]]:
     worker = WorkerProcess(redis_url, tmp)
     out: dict[str, list[float]] = {"plain_s": [], "live_s": [], "plain_task_s": [],
-                                   "live_task_s": []}  # fmt: skip
+                                   "live_task_s": [], "pair_ratio": []}  # fmt: skip
     try:
         wait_for_worker(redis_url)
         kinds = [False] + [live for _ in range(runs) for live in (False, True)]
@@ -182,7 +183,13 @@ def cost(
             kind = "live" if live else "plain"
             out[f"{kind}_s"].append(wall)
             out[f"{kind}_task_s"].append(task_s)
-            print(f"  job {n} ({kind}): wall {wall:.2f} s, tile tasks {task_s:.2f} s")
+            attempts = sum(len(r.attempts) for r in rows)
+            extra = f", passes a tile {[p.index for p in current]}" if live else ""
+            print(f"  job {n} ({kind}): wall {wall:.2f} s, tile tasks {task_s:.2f} s, "
+                  f"{attempts} tile attempts{extra}")  # fmt: skip
+            if live and out["plain_task_s"]:
+                # the plain job just before: load on a shared machine drifts between pairs
+                out["pair_ratio"].append(task_s / out["plain_task_s"][-1])
     finally:
         worker.stop()
     return out
@@ -235,7 +242,9 @@ def main() -> None:
                     tasks = statistics.median(c["live_task_s"]) / statistics.median(
                         c["plain_task_s"]
                     )
-                    print(f"  live / plain: wall {wall:.3f}x, tile tasks {tasks:.3f}x")
+                    print(f"  live / plain: wall {wall:.3f}x, tile tasks {tasks:.3f}x (medians)")
+                    print("  " + shown("live / plain tile tasks, pair by pair", c["pair_ratio"],
+                                       "x"))  # fmt: skip
                     figures.update({
                         "jobs_counted": len(c["plain_s"]) + len(c["live_s"]),
                         "plain_job_median_s": round(statistics.median(c["plain_s"]), 3),
@@ -244,6 +253,8 @@ def main() -> None:
                         "plain_tasks_median_s": round(statistics.median(c["plain_task_s"]), 3),
                         "live_tasks_median_s": round(statistics.median(c["live_task_s"]), 3),
                         "live_vs_plain_tasks_ratio": round(tasks, 3),
+                        "live_vs_plain_pair_ratio_median": round(
+                            statistics.median(c["pair_ratio"]), 3),
                     })  # fmt: skip
     print(json.dumps(figures, separators=(",", ":")))
 
