@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from farm import keys
@@ -67,7 +67,7 @@ def encode_jpeg(data: bytes) -> str:
 
 def publish(conn: Redis, job_id: str, tile_pass: TilePass, ttl_s: float) -> str:
     """Make ``tile_pass`` the tile's current state and announce it; returns the stream id."""
-    stamped = TilePass(**{**asdict(tile_pass), "ts": tile_pass.ts or time.time()})
+    stamped = replace(tile_pass, ts=tile_pass.ts or time.time())
     text = stamped.to_json()
     ttl_ms = max(1, int(ttl_s * 1000))
     pipe = conn.pipeline(transaction=True)

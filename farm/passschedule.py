@@ -73,7 +73,8 @@ def trim(
     """
     done = len(timings)
     rest = schedule[done:]
-    if done == 0 or len(rest) <= 1:
+    # one pass cannot tell a call's fixed cost from its samples' (fit_cost counts it all fixed)
+    if len({n for n, _ in timings}) < 2 or len(rest) <= 1:
         return rest
     fixed, per_sample = fit_cost(timings)
     if fixed <= 0:

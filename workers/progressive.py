@@ -36,6 +36,8 @@ log = logging.getLogger("tessera.worker")
 
 #: the preview JPEG's quality: small enough to publish every pass, sharp enough to judge noise
 JPEG_QUALITY = 85
+#: the longest the Blender child may take to tone-map one pass (a tile-sized image)
+TONE_MAP_TIMEOUT_S = 60.0
 _RGBA = ("R", "G", "B", "A")
 
 
@@ -163,7 +165,7 @@ def _tone_map(
             blend,
             linear,
             [{"path": jpeg, "format": "JPEG", "quality": JPEG_QUALITY}],
-            60.0,
+            TONE_MAP_TIMEOUT_S,
             frame=frame,
             composite=False,
         )

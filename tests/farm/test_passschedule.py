@@ -47,6 +47,8 @@ def test_passes_are_merged_when_their_calls_would_cost_more_than_the_budget() ->
     # a generous budget keeps the schedule; what is left always ends at the total
     assert trim(runs, cheap_calls, 100.0) == runs[2:]
     assert trim(runs, [], 0.10) == runs
+    # one pass alone cannot tell a call's fixed cost from its samples': nothing is merged yet
+    assert trim(runs, cheap_calls[:1], 0.10) == runs[1:]
     for budget in (0.0, 0.05, 0.2, 1.0):
         rest = trim(runs, cheap_calls, budget)
         assert rest[0][0] == 16 and sum(c for _, c in rest) == 1024 - 16

@@ -31,7 +31,7 @@ function drawGrid() {
   ctx.setLineDash([4, 3]);
   ctx.beginPath();
   for (const x of cuts(spec.width, cols).slice(1, -1)) { ctx.moveTo(x, 0); ctx.lineTo(x, spec.height); }
-  // rows count up from the bottom in Blender; the cuts are symmetric enough to draw top-down
+  // rows count up from the bottom in Blender (farm.tiling): a cut at y is at height - y here
   for (const y of cuts(spec.height, rows).slice(1, -1)) { ctx.moveTo(0, spec.height - y); ctx.lineTo(spec.width, spec.height - y); }
   ctx.stroke();
 }
