@@ -7,7 +7,12 @@ over the job's event stream (the transport alone, no image). Passes are publishe
 time, each a tile JPEG the size a 2x2 tile of --resolution makes, each waited for before the
 next; only passes the page drew count.
 
-(2) Cost: the same scene rendered by one worker as a plain job and as a live-preview job,
+(2) Cost, in one Blender child: the first tile of the grid rendered plain, then through the
+worker's live-preview path (workers.progressive: passes, merges, tone-mapped JPEGs, publishing
+to Redis, with the default FARM_LIVE_PREVIEW_BUDGET), alternating, a warm-up pair first; the
+ratio pair by pair. Back to back in one process, this is the figure least moved by other load.
+
+(3) Cost, whole jobs: the same scene rendered by one worker as a plain job and a live-preview job,
 alternating (a warm-up plain job first, not counted): job wall time from accept to done, and
 the tiles' task time summed (started to ended on the worker, i.e. passes, merges, tone-mapping
 and publishing included). Only jobs that ended done count; a live job counts only if every
@@ -17,7 +22,7 @@ just before it), since load on a shared machine drifts between pairs.
 Prints medians and spreads, then one JSON line whose names carry units.
 
     python bench/preview_latency.py [--passes 40] [--runs 3] [--samples 256]
-        [--resolution 320x180] [--tiles 2x2] [--skip-cost]
+        [--resolution 320x180] [--tiles 2x2] [--skip-cost] [--skip-jobs]
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
 from farm import jobstore, livepreview, queue, submission  # noqa: E402
 from farm.accept import accept  # noqa: E402
-from farm.models import BlendSource  # noqa: E402
+from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.passschedule import pass_schedule  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.settings import Settings  # noqa: E402
@@ -50,6 +55,8 @@ from tests.encoder.chromium import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.farmprocs import WorkerProcess, submit, wait_for  # noqa: E402
 from tests.web.conftest import scene_report, wait_for_worker  # noqa: E402
 from tests.web.test_addon_client import LiveWeb, member_token  # noqa: E402
+from workers import progressive, stillmodes  # noqa: E402
+from workers.child import BlenderChild  # noqa: E402
 
 PROJECT = "bench"
 TIMEOUT_MS = 30_000
@@ -62,10 +69,11 @@ def spread(values: list[float]) -> dict[str, float]:
             "max": max(values)}  # fmt: skip
 
 
-def shown(label: str, values: list[float], unit: str) -> str:
+def shown(label: str, values: list[float], unit: str, digits: int = 1) -> str:
     s = spread(values)
-    return (f"{label}: median {s['median']:.1f} {unit} (min {s['min']:.1f}, p90 {s['p90']:.1f}, "
-            f"max {s['max']:.1f}; n={len(values)})")  # fmt: skip
+    d = digits
+    return (f"{label}: median {s['median']:.{d}f} {unit} (min {s['min']:.{d}f}, "
+            f"p90 {s['p90']:.{d}f}, max {s['max']:.{d}f}; n={len(values)})")  # fmt: skip
 
 
 def tile_jpeg(width: int, height: int, seed: int) -> bytes:
@@ -195,6 +203,48 @@ def cost(
     return out
 
 
+def child_cost(
+    redis_url: str, tmp: Path, scene: Path, runs: int, samples: int, resolution: str, tiles: str
+) -> dict[str, list[float]]:
+    """One tile (the first of the grid) in one Blender child, back to back: a plain render
+    against the worker's live-preview path (workers.progressive: passes, merges, tone-mapped
+    JPEGs, publishing), alternating; the child's start and scene load are paid once before."""
+    width, height = (int(v) for v in resolution.lower().split("x"))
+    spec = JobSpec(source=BlendSource("path", str(scene), "", scene.name), frames=(1,),
+                   tiles=tiles, width=width, height=height, output=str(tmp / "o"),
+                   samples=samples, live_preview=True)  # fmt: skip
+    task = TileTask("bench-child", 1, 0, 1)
+    conn = jobstore.connect(redis_url)
+    out: dict[str, list[float]] = {"plain_s": [], "live_s": [], "pair_ratio": [],
+                                   "passes": []}  # fmt: skip
+    options = {**stillmodes.task_options(spec, 0), "adaptive": False}
+    try:
+        with BlenderChild(python=sys.executable, work_dir=tmp / "child", name="bench") as child:
+            for n in range(runs + 1):
+                t0 = time.monotonic()
+                child.render(scene, frame=1, width=width, height=height,
+                             rect=stillmodes.task_rect(spec, 0), samples=samples,
+                             out_path=tmp / "plain.exr", timeout_s=1800,
+                             options=options)  # fmt: skip
+                plain = time.monotonic() - t0
+                t0 = time.monotonic()
+                result = progressive.render_in_passes(child, conn, scene, spec, task,
+                                                      tmp / "live.exr", 600, lambda: None,
+                                                      Settings.live_preview_budget)  # fmt: skip
+                live = time.monotonic() - t0
+                if n == 0:  # warm-up: the first renders sync the scene
+                    continue
+                out["plain_s"].append(plain)
+                out["live_s"].append(live)
+                out["pair_ratio"].append(live / plain)
+                out["passes"].append(float(result["passes"]))
+                print(f"  pair {n}: plain {plain:.3f} s, live {live:.3f} s "
+                      f"({result['passes']} passes), {live / plain:.3f}x")  # fmt: skip
+    finally:
+        conn.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=40, help="passes timed to the browser")
@@ -204,6 +254,7 @@ def main() -> None:
     ap.add_argument("--resolution", default="320x180")
     ap.add_argument("--tiles", default="2x2")
     ap.add_argument("--skip-cost", action="store_true", help="the latency only")
+    ap.add_argument("--skip-jobs", action="store_true", help="no whole jobs, only the child")
     args = ap.parse_args()
     width, height = (int(v) for v in args.resolution.lower().split("x"))
     figures: dict[str, Any] = {}
@@ -228,6 +279,23 @@ def main() -> None:
                 "pass_vs_event_p50_ratio": round(live_p50 / base_p50, 2) if base_p50 > 0 else None,
             })  # fmt: skip
             if not args.skip_cost:
+                print(f"cost in one Blender child, tile 0 of {args.tiles} at {args.resolution}, "
+                      f"{args.samples} samples:")  # fmt: skip
+                cc = child_cost(server.url, tmp, args.scene, max(args.runs, 5), args.samples,
+                                args.resolution, args.tiles)  # fmt: skip
+                print("  " + shown("plain render", cc["plain_s"], "s"))
+                print("  " + shown("live-preview passes", cc["live_s"], "s"))
+                print("  " + shown("live / plain, pair by pair", cc["pair_ratio"], "x", 3))
+                figures.update({
+                    "child_pairs": len(cc["pair_ratio"]),
+                    "child_plain_tile_median_s": round(statistics.median(cc["plain_s"]), 3),
+                    "child_live_tile_median_s": round(statistics.median(cc["live_s"]), 3),
+                    "child_live_vs_plain_ratio_median": round(
+                        statistics.median(cc["pair_ratio"]), 3),
+                    "child_live_vs_plain_ratio_max": round(max(cc["pair_ratio"]), 3),
+                    "child_passes_median": statistics.median(cc["passes"]),
+                })  # fmt: skip
+            if not args.skip_cost and not args.skip_jobs:
                 passes = len(pass_schedule(args.samples))
                 print(f"cost, {args.scene.name} at {args.resolution}, {args.samples} samples, "
                       f"{args.tiles} tiles, {passes} passes a tile:")  # fmt: skip
@@ -244,7 +312,7 @@ def main() -> None:
                     )
                     print(f"  live / plain: wall {wall:.3f}x, tile tasks {tasks:.3f}x (medians)")
                     print("  " + shown("live / plain tile tasks, pair by pair", c["pair_ratio"],
-                                       "x"))  # fmt: skip
+                                       "x", 3))  # fmt: skip
                     figures.update({
                         "jobs_counted": len(c["plain_s"]) + len(c["live_s"]),
                         "plain_job_median_s": round(statistics.median(c["plain_s"]), 3),
