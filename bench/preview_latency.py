@@ -47,7 +47,7 @@ from playwright.sync_api import Page, sync_playwright  # noqa: E402
 from farm import jobstore, livepreview, queue, submission  # noqa: E402
 from farm.accept import accept  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
-from farm.passschedule import pass_schedule  # noqa: E402
+from farm.passschedule import fit_cost, pass_schedule  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.settings import Settings  # noqa: E402
 from farm.taskrecords import TaskRecords  # noqa: E402
@@ -216,7 +216,7 @@ def child_cost(
     task = TileTask("bench-child", 1, 0, 1)
     conn = jobstore.connect(redis_url)
     out: dict[str, list[float]] = {"plain_s": [], "live_s": [], "pair_ratio": [],
-                                   "passes": []}  # fmt: skip
+                                   "passes": [], "fixed_s": [], "modelled": []}  # fmt: skip
     options = {**stillmodes.task_options(spec, 0), "adaptive": False}
     try:
         with BlenderChild(python=sys.executable, work_dir=tmp / "child", name="bench") as child:
@@ -238,8 +238,15 @@ def child_cost(
                 out["live_s"].append(live)
                 out["pair_ratio"].append(live / plain)
                 out["passes"].append(float(result["passes"]))
+                # the passes' own fit: what each render call costs besides its samples, and so
+                # what the passes cost over one call (less moved by load than the wall times)
+                fixed, per_sample = fit_cost([(n, t) for n, t in result["pass_samples_s"]])
+                modelled = 1 + (result["passes"] - 1) * fixed / (fixed + per_sample * samples)
+                out["fixed_s"].append(fixed)
+                out["modelled"].append(modelled)
                 print(f"  pair {n}: plain {plain:.3f} s, live {live:.3f} s "
-                      f"({result['passes']} passes), {live / plain:.3f}x")  # fmt: skip
+                      f"({result['passes']} passes), {live / plain:.3f}x; fitted call cost "
+                      f"{fixed * 1000:.0f} ms, modelled {modelled:.3f}x")  # fmt: skip
     finally:
         conn.close()
     return out
@@ -286,6 +293,10 @@ def main() -> None:
                 print("  " + shown("plain render", cc["plain_s"], "s"))
                 print("  " + shown("live-preview passes", cc["live_s"], "s"))
                 print("  " + shown("live / plain, pair by pair", cc["pair_ratio"], "x", 3))
+                print("  " + shown("fitted fixed cost of a pass's call", [f * 1000 for f in
+                                   cc["fixed_s"]], "ms"))  # fmt: skip
+                print("  " + shown("modelled live / plain (passes x call cost)", cc["modelled"],
+                                   "x", 3))  # fmt: skip
                 figures.update({
                     "child_pairs": len(cc["pair_ratio"]),
                     "child_plain_tile_median_s": round(statistics.median(cc["plain_s"]), 3),
@@ -294,6 +305,9 @@ def main() -> None:
                         statistics.median(cc["pair_ratio"]), 3),
                     "child_live_vs_plain_ratio_max": round(max(cc["pair_ratio"]), 3),
                     "child_passes_median": statistics.median(cc["passes"]),
+                    "child_call_fixed_median_ms": round(statistics.median(cc["fixed_s"]) * 1000,
+                                                        1),
+                    "child_modelled_ratio_median": round(statistics.median(cc["modelled"]), 3),
                 })  # fmt: skip
             if not args.skip_cost and not args.skip_jobs:
                 passes = len(pass_schedule(args.samples))

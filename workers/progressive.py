@@ -56,8 +56,8 @@ def render_in_passes(
 
     ``check`` runs between passes and raises to stop (the tile's lease lost). ``budget``: the
     passes' extra cost over one plain render, as a fraction of it (farm.passschedule.trim).
-    Returns the child's render result with the passes' render time summed and the peak
-    memory's maximum.
+    Returns the child's render result with the passes' render time summed, the peak memory's
+    maximum and each pass's ``(samples, seconds)``.
     """
     if spec.samples is None:
         raise RenderError("a live-preview job must fix its sample count")
@@ -127,7 +127,8 @@ def render_in_passes(
         for leftover in out_path.parent.glob(f"{stem}.pass*.exr"):
             leftover.unlink(missing_ok=True)
     return {**result, "render_s": round(render_s, 4), "peak_memory_mib": peak or None,
-            "samples": spec.samples, "passes": len(timings)}  # fmt: skip
+            "samples": spec.samples, "passes": len(timings),
+            "pass_samples_s": timings}  # fmt: skip
 
 
 def _read(path: Path, layered: bool) -> LayeredImage:

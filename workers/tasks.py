@@ -476,8 +476,8 @@ def _write_done_log(
         f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name} "
         f"device {ctx.device_label}",
         "outcome: done",
-        *(f"{k}: {result[k]}" for k in ("render_s", "peak_memory_mib", "samples", "device",
-                                         "fallback") if result.get(k) is not None),
+        *(f"{k}: {result[k]}" for k in ("render_s", "peak_memory_mib", "samples", "passes",
+                                         "device", "fallback") if result.get(k) is not None),
         "",
         "Blender's log (this attempt):",
         *blender,

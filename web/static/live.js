@@ -124,7 +124,13 @@ async function start() {
   // the stream opens at once, beside the job's details: a viewer joining mid-frame sees the
   // frame's state without waiting for them (the passes say the frame's size)
   const source = connect();
-  const job = await api(base);
+  let job;
+  try {
+    job = await api(base);
+  } catch (err) {
+    source.close();
+    throw err;
+  }
   const got = job.spec || {};
   if (!got.live_preview) {
     source.close();
@@ -136,4 +142,5 @@ async function start() {
   size(spec.width, spec.height);
 }
 
-start();
+// job.js shows what went wrong with the job itself (gone, not yours); the preview just stays hidden
+start().catch(() => {});
