@@ -16,8 +16,8 @@ ratio pair by pair. Back to back in one process, this is the figure least moved 
 alternating (a warm-up plain job first, not counted): job wall time from accept to done, and
 the tiles' task time summed (started to ended on the worker, i.e. passes, merges, tone-mapping
 and publishing included). Only jobs that ended done count; a live job counts only if every
-tile published its last pass. Also the ratio pair by pair (each live job against the plain job
-just before it), since load on a shared machine drifts between pairs.
+tile published its last pass. Also the ratio pair by pair (the two jobs of a pair run back to
+back, in turns plain first and live first), since load on a shared machine drifts.
 
 Prints medians and spreads, then one JSON line whose names carry units.
 
@@ -164,7 +164,12 @@ def cost(
                                    "live_task_s": [], "pair_ratio": []}  # fmt: skip
     try:
         wait_for_worker(redis_url)
-        kinds = [False] + [live for _ in range(runs) for live in (False, True)]
+        # plain-live, then live-plain, ...: a load drifting one way over the run (other work on
+        # a shared machine starting or ending) favours neither kind
+        kinds = [False] + [
+            live for i in range(runs) for live in ((False, True), (True, False))[i % 2]
+        ]
+        pair: dict[bool, float] = {}
         for n, live in enumerate(kinds):
             store, job_id = submit(worker.settings, scene, tmp / f"job{n}", tiles=tiles,
                                    samples=samples, resolution=resolution, project=PROJECT,
@@ -195,9 +200,10 @@ def cost(
             extra = f", passes a tile {[p.index for p in current]}" if live else ""
             print(f"  job {n} ({kind}): wall {wall:.2f} s, tile tasks {task_s:.2f} s, "
                   f"{attempts} tile attempts{extra}")  # fmt: skip
-            if live and out["plain_task_s"]:
-                # the plain job just before: load on a shared machine drifts between pairs
-                out["pair_ratio"].append(task_s / out["plain_task_s"][-1])
+            pair[live] = task_s
+            if len(pair) == 2:  # the pair's two jobs ran back to back
+                out["pair_ratio"].append(pair[True] / pair[False])
+                pair = {}
     finally:
         worker.stop()
     return out
