@@ -1,11 +1,17 @@
-"""Live-preview passes: disjoint sample runs, growing geometrically, covering every sample."""
+"""Live-preview passes: disjoint sample runs, growing geometrically, covering every sample,
+within a cost budget; and what a live-preview job fixes when it is planned."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from farm import submission
 from farm.errors import BadParameter
+from farm.models import BlendSource
 from farm.passschedule import fit_cost, pass_schedule, samples_so_far, trim
+from tests.web.conftest import scene_report
 
 
 @pytest.mark.parametrize("total", [1, 2, 3, 4, 5, 16, 17, 100, 256, 4096, 10_000])
@@ -52,3 +58,16 @@ def test_passes_are_merged_when_their_calls_would_cost_more_than_the_budget() ->
     for budget in (0.0, 0.05, 0.2, 1.0):
         rest = trim(runs, cheap_calls, budget)
         assert rest[0][0] == 16 and sum(c for _, c in rest) == 1024 - 16
+
+
+def test_a_live_preview_job_fixes_its_samples_and_refuses_a_sample_split() -> None:
+    source = BlendSource("upload", f"uploads/{'ab' * 32}/upload.blend", "ab" * 32, "b.blend")
+    report = replace(scene_report(), samples=48, adaptive_sampling=True)
+    req = submission.RenderRequest(output="/tmp/o", frames="1", live_preview=True)
+    spec, warnings = submission.plan_job(req, report, source)
+    # every pass is a run of the scene's samples, so the job must know them
+    assert spec.live_preview and spec.samples == 48
+    assert any("adaptive sampling is off in a live preview" in w for w in warnings)
+    split = replace(req, mode="sample_split")
+    with pytest.raises(BadParameter, match="choose tiles mode"):
+        submission.plan_job(split, report, source)
