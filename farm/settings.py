@@ -444,10 +444,12 @@ class Settings:
     """FARM_LIVE_PREVIEW_TTL_S: a live-preview job's pass images stay in Redis this long after
     its last pass (viewers joining mid-frame start from them); they are small 8-bit JPEGs."""
 
-    live_preview_budget: float = 0.10
+    live_preview_budget: float = 0.05
     """FARM_LIVE_PREVIEW_BUDGET: what a live-preview tile's sample passes may cost over one
-    plain render of it, as a fraction of that render (0.10: at most about 1.10x): a worker
-    merges the passes still to come once more render calls would cost more."""
+    plain render of it, as a fraction of that render, as the worker estimates it from the
+    passes done (it merges the passes still to come once more render calls would cost more).
+    0.05 leaves room for the estimate's error under the 1.10x target: at 0.10 whole jobs
+    measured 1.16x (bench/preview_latency.py)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

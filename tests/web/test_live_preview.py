@@ -90,7 +90,7 @@ def watched(
     conn = redis.Redis.from_url(redis_server.url)
     conn.flushall()
     blend = make_scene(tmp / "converge.blend", width=WIDTH, height=HEIGHT, samples=SAMPLES)
-    # every pass of the schedule: these tiles cost so little that the default budget (10 % of a
+    # every pass of the schedule: these tiles cost so little that the default budget (5 % of a
     # tile's render for the passes' calls) would merge them (tests/farm/test_passschedule.py)
     worker = WorkerProcess(redis_server.url, tmp, FARM_LIVE_PREVIEW_BUDGET="100")
     shots = tmp / "shots"  # the frame as the page showed it, pass by pass (README's sequence)
