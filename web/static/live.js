@@ -8,6 +8,7 @@ const base = "/api/jobs/" + encodeURIComponent(jobId);
 let spec = null;
 let frame = null; // the frame shown
 let tiles = new Map(); // tile index -> {samples, index, passes} of the frame shown
+const held = new Map(); // frame -> (tile index -> latest pass) of frames waiting to be shown
 let drawing = Promise.resolve(); // passes are drawn in the order they arrive
 let etaAsked = 0;
 // what was drawn when (tests and bench/preview_latency.py read it): the pass's publish time
@@ -67,23 +68,50 @@ function bytesOf(b64) {
   return out;
 }
 
-async function draw(p) {
+function complete(map) {
+  // every tile of the frame at its last pass
+  if (!spec || map.size < spec.tile_count) return false;
+  for (const t of map.values()) if (t.index !== t.passes) return false;
+  return true;
+}
+
+async function paint(p) {
   const bitmap = await createImageBitmap(new Blob([bytesOf(p.jpeg)], { type: "image/jpeg" }));
   const canvas = $("#live-canvas");
-  if (canvas.width !== p.frame_w || canvas.height !== p.frame_h) size(p.frame_w, p.frame_h);
   const ctx = canvas.getContext("2d");
-  if (frame !== p.frame) {
-    frame = p.frame;
-    tiles = new Map();
-    ctx.fillStyle = "#0b0d10";
-    ctx.fillRect(0, 0, canvas.width, canvas.height);
-  }
   ctx.drawImage(bitmap, p.x, p.y, p.w, p.h);
   bitmap.close();
   tiles.set(p.tile, { samples: p.samples, index: p.index, passes: p.passes });
   showCounts(p.total_samples);
   window.__livePasses.push({ frame: p.frame, tile: p.tile, pass: p.index, samples: p.samples, ts: p.ts, shown_ms: performance.timeOrigin + performance.now() });
   canvas.dataset.passes = String(window.__livePasses.length);
+}
+
+async function show(f) {
+  // a frame on a clean canvas, from the passes of it held so far
+  const canvas = $("#live-canvas");
+  const ctx = canvas.getContext("2d");
+  frame = f;
+  tiles = new Map();
+  ctx.fillStyle = "#0b0d10";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  const waiting = held.get(f) || new Map();
+  held.delete(f);
+  for (const p of waiting.values()) await paint(p);
+}
+
+async function draw(p) {
+  const canvas = $("#live-canvas");
+  if (canvas.width !== p.frame_w || canvas.height !== p.frame_h) size(p.frame_w, p.frame_h);
+  if (frame === null) await show(p.frame);
+  if (p.frame === frame) {
+    await paint(p);
+  } else {
+    // another frame renders meanwhile (several workers): shown once this one is done
+    if (!held.has(p.frame)) held.set(p.frame, new Map());
+    held.get(p.frame).set(p.tile, p);
+  }
+  if (complete(tiles) && held.size) await show(held.keys().next().value);
   askEta();
 }
 
