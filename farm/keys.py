@@ -61,6 +61,18 @@ def project_events(project_id: str) -> str:
     return f"{PREFIX}:project:{project_id}:events"
 
 
+def live_frame(job_id: str, frame: int) -> str:
+    """Hash with a TTL: tile index -> JSON of the tile's latest live-preview pass (its 8-bit
+    JPEG, where it lies, samples so far): a viewer joining mid-frame starts from it."""
+    return f"{PREFIX}:job:{job_id}:live:{frame}"
+
+
+def live_passes(job_id: str) -> str:
+    """Stream with a TTL, capped: one entry per live-preview pass as it lands (the same JSON),
+    which viewers follow with XREAD BLOCK."""
+    return f"{PREFIX}:job:{job_id}:live"
+
+
 def delivered(job_id: str) -> str:
     """Hash: frame -> JSON list of the files delivered for it (name, size, sha256, url)."""
     return f"{PREFIX}:job:{job_id}:delivered"

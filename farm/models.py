@@ -153,6 +153,8 @@ JOB_OPTIONS: dict[str, JobOption] = {
                   f"for (at most {MAX_DEPENDS_ON}); it fails when one of them fails"),
         JobOption("frame_order", (str,), "sequential, or first-last-middle: those three frames "
                   "first, then the rest", default="sequential"),
+        JobOption("live_preview", (bool,), "render each tile in sample passes (1, 4, 16, ... "
+                  "samples) that the job page shows converging live", default=False),
     )
 }  # fmt: skip
 
@@ -250,6 +252,9 @@ class JobSpec:
     depends_on: tuple[str, ...] = ()
     #: "sequential" or "first-last-middle": the order the frames' tiles are queued in
     frame_order: str = default_of("frame_order")
+    #: each tile renders in sample passes published as they land (farm.passschedule,
+    #: farm.livepreview); adaptive sampling is off, as in a sample split
+    live_preview: bool = default_of("live_preview")
     v: int = SCHEMA_VERSION
 
     @property

@@ -469,6 +469,19 @@ class Settings:
     estimate_errors_max: int = 10000
     """FARM_ESTIMATE_ERRORS_MAX: estimate-vs-actual records the farm keeps (the oldest go)."""
 
+    # --- live preview (issue #17 part 1) ------------------------------------------------------
+
+    live_preview_ttl_s: float = 3600.0
+    """FARM_LIVE_PREVIEW_TTL_S: a live-preview job's pass images stay in Redis this long after
+    its last pass (viewers joining mid-frame start from them); they are small 8-bit JPEGs."""
+
+    live_preview_budget: float = 0.05
+    """FARM_LIVE_PREVIEW_BUDGET: what a live-preview tile's sample passes may cost over one
+    plain render of it, as a fraction of that render, as the worker estimates it from the
+    passes done (it merges the passes still to come once more render calls would cost more).
+    0.05 leaves room for the estimate's error under the 1.10x target: at 0.10 whole jobs
+    measured 1.16x (bench/preview_latency.py)."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -690,6 +703,9 @@ ENV: dict[str, tuple[str, type, float]] = {
     "estimate_probe_frames": ("FARM_ESTIMATE_PROBE_FRAMES", int, 1),
     "device_speeds": ("FARM_DEVICE_SPEEDS", str, 0),
     "estimate_errors_max": ("FARM_ESTIMATE_ERRORS_MAX", int, 1),
+    # live preview (issue #17 part 1)
+    "live_preview_ttl_s": ("FARM_LIVE_PREVIEW_TTL_S", float, 1.0),
+    "live_preview_budget": ("FARM_LIVE_PREVIEW_BUDGET", float, 0.0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -89,6 +89,8 @@ class RenderRequest:
     depends_on: str | None = default_of("depends_on")
     #: "sequential" or "first-last-middle" (farm.frames.FRAME_ORDERS)
     frame_order: str = default_of("frame_order")
+    #: tiles render in sample passes shown live on the job page (farm.passschedule)
+    live_preview: bool = default_of("live_preview")
 
 
 def request_from(
@@ -230,6 +232,10 @@ def _check_modes(req: RenderRequest) -> None:
             raise BadParameter("sample split is for stills: give one frame (--frames N)")
         if req.samples is not None and req.samples < req.split_parts:
             raise BadParameter(f"cannot split {req.samples} sample(s) into {req.split_parts} parts")
+    if req.live_preview and req.mode == SAMPLE_SPLIT:
+        raise BadParameter(
+            "a live preview renders tiles in sample passes: choose tiles mode, not a sample split"
+        )
     if req.passes and "exr" not in parse_formats(req.formats):
         raise BadParameter("--passes writes a multilayer EXR: add exr to the formats")
     if req.backend is not None:
@@ -291,6 +297,9 @@ def plan_job(
     else:
         check_tile_size(width, height, grid)
         check_task_count(len(frames), grid.count, max_tasks)
+        if req.live_preview:
+            # every pass must know the total it is a run of (farm.passschedule)
+            samples = samples or report.samples
 
     warnings = []
     if report.engine != "CYCLES":
@@ -303,6 +312,10 @@ def plan_job(
     if req.mode == SAMPLE_SPLIT and report.adaptive_sampling:
         warnings.append(
             "adaptive sampling is off in a sample split (each part renders all its samples)"
+        )
+    if req.live_preview and report.adaptive_sampling:
+        warnings.append(
+            "adaptive sampling is off in a live preview (each pass renders all its samples)"
         )
     if report.wants_scripts:
         what = "; ".join(report.scripts) or report.autoexec_fail_message
@@ -345,6 +358,7 @@ def plan_job(
         tags=parse_tags(req.tags or ""),
         depends_on=parse_depends_on(req.depends_on or ""),
         frame_order=req.frame_order,
+        live_preview=req.live_preview,
     )
     return spec, warnings
 

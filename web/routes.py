@@ -18,6 +18,7 @@ from web import (
     health,
     jobcontrol,
     jobs,
+    livepreview,
     metrics,
     openapi,
     pages,
@@ -208,6 +209,9 @@ def table() -> list[Route]:
           "position), all disabled, or its project's device policy", tags=("jobs",)),
         R("GET", "/api/jobs/{job_id}/events", events.job_events,
           "the job's progress as server-sent events", query=("after",), tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/live", livepreview.live_passes,
+          "a live-preview job's frame converging, as server-sent events: each tile's current "
+          "pass (a JPEG), then each pass as it lands", tags=("jobs",)),
         R("POST", "/api/jobs/{job_id}/cancel", jobs.cancel_job, "cancel a job",
           tags=("jobs",)),
         R("POST", "/api/jobs/{job_id}/retry", jobs.retry_job,

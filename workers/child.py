@@ -492,12 +492,14 @@ class BlenderChild(lifetime.ChildHandle):
         *,
         layers_in: Path | None = None,
         frame: int | None = None,
+        composite: bool = True,
     ) -> dict[str, Any]:
         """Write ``exr_in`` (a linear frame) as each output, with the scene's colour management.
 
         Each output is ``{"path", "format": "PNG"|"JPEG"|"OPEN_EXR", "color_depth", "quality"}``.
         When the scene composites, the outputs are its compositor's result for ``frame``, fed
-        from ``layers_in`` (the frame's multilayer EXR of every pass) instead of a render.
+        from ``layers_in`` (the frame's multilayer EXR of every pass) instead of a render;
+        ``composite`` False skips the compositor (a live-preview pass shows the render).
         """
         request: dict[str, Any] = {
             "op": "convert",
@@ -509,6 +511,8 @@ class BlenderChild(lifetime.ChildHandle):
             request["layers_in"] = str(layers_in)
         if frame is not None:
             request["frame"] = frame
+        if not composite:
+            request["composite"] = False
         return self._call(request, timeout_s, f"converting {Path(exr_in).name}")
 
     # --- protocol ------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
 from farm.taskrecords import TaskRecords
 from farm.workerstate import Reporter
-from workers import redaction, stillmodes
+from workers import progressive, redaction, stillmodes
 from workers.child import BlenderChild
 from workers.devicewait import acquire_for_tile
 from workers.shutdown import Shutdown
@@ -334,17 +334,25 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
         blend = ctx.prepare(spec.source, spec.project)
         mark = ctx.child.log_mark()  # this attempt's part of Blender's log goes in its own log
         with renewal, stopping:
-            result = ctx.child.render(
-                blend,
-                frame=task.frame,
-                width=spec.width,
-                height=spec.height,
-                rect=stillmodes.task_rect(spec, task.index),
-                samples=spec.samples,
-                out_path=scratch,
-                timeout_s=spec.tile_timeout_s,
-                options=stillmodes.task_options(spec, task.index),
-            )
+            if spec.live_preview:
+                # in sample passes, each merged state shown live (workers.progressive)
+                result = progressive.render_in_passes(
+                    ctx.child, ctx.store.conn, blend, spec, task, scratch,
+                    ctx.settings.live_preview_ttl_s, renewal.check,
+                    ctx.settings.live_preview_budget,
+                )  # fmt: skip
+            else:
+                result = ctx.child.render(
+                    blend,
+                    frame=task.frame,
+                    width=spec.width,
+                    height=spec.height,
+                    rect=stillmodes.task_rect(spec, task.index),
+                    samples=spec.samples,
+                    out_path=scratch,
+                    timeout_s=spec.tile_timeout_s,
+                    options=stillmodes.task_options(spec, task.index),
+                )
         if renewal.lost is not None:
             # found lost once Blender had finished: the child is kept, the result dropped
             raise LeaseLost(f"lease lost after the render: {renewal.lost}")
@@ -508,8 +516,8 @@ def _write_done_log(
         f"time {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} worker {ctx.name} "
         f"device {ctx.device_label}",
         "outcome: done",
-        *(f"{k}: {result[k]}" for k in ("render_s", "peak_memory_mib", "samples", "device",
-                                         "fallback") if result.get(k) is not None),
+        *(f"{k}: {result[k]}" for k in ("render_s", "peak_memory_mib", "samples", "passes",
+                                         "device", "fallback") if result.get(k) is not None),
         "",
         "Blender's log (this attempt):",
         *blender,
@@ -548,6 +556,11 @@ class _Renewal:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    def check(self) -> None:
+        """Raise LeaseLost once the lease is found lost (between live-preview passes)."""
+        if self.lost is not None:
+            raise LeaseLost(f"lease lost: {self.lost}")
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):

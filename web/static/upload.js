@@ -228,6 +228,7 @@ function formBody() {
   body.denoise = $("#denoise").checked;
   body.passes = $("#passes").checked;
   body.preview = $("#preview").checked;
+  if ($("#live-preview").checked) body.live_preview = true;
   body.mode = $("#mode").value;
   const tags = $("#tags").value.trim();
   if (tags) body.tags = tags;

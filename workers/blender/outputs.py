@@ -30,7 +30,8 @@ def convert(session: Session, req: dict[str, Any]) -> dict[str, Any]:
     session.open(req["path"], req.get("root"))
     scene = bpy.context.scene
     tree = compositor.final_tree(scene, session.saved)
-    if tree is not None:
+    # a live-preview pass shows the render itself (a tile alone cannot be composited)
+    if tree is not None and req.get("composite", True):
         return _convert_composited(scene, tree, req)
     settings = scene.render.image_settings
     saved = _image_settings(settings)
