@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -675,7 +676,7 @@ def _assemble(
         files, still = stillmodes.frame_files(spec, frame, outputs, ctx.child,
                                               ctx.prepare(spec.source, spec.project), work,
                                               ctx.settings.inspect_timeout_s)  # fmt: skip
-        video = stillmodes.animation_preview(ctx.storage, spec, job_id, frame, still, work)
+        video = _keep_preview(ctx, spec, job_id, frame, still, work, keep=lease.check)
         if video is not None:
             files.append(video)
         retry_storage(
@@ -685,6 +686,25 @@ def _assemble(
         )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _keep_preview(
+    ctx: WorkerContext,
+    spec: JobSpec,
+    job_id: str,
+    frame: int,
+    still: Path | None,
+    work: Path,
+    *,
+    keep: Callable[[], None],
+) -> Path | None:
+    """The frame's preview still kept in the farm's storage, and the animation's MP4 once every
+    frame's is there (``stillmodes.animation_preview``): a full disk or a storage outage here is
+    waited out as for the tiles and the frame's files, never a failed job."""
+    return retry_storage(
+        lambda: stillmodes.animation_preview(ctx.storage, spec, job_id, frame, still, work),
+        budget_s=ctx.settings.storage_retry_s, what=f"the preview of frame {frame}", keep=keep,
+    )  # fmt: skip
 
 
 class _FrameLease:

@@ -10,12 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from farm.errors import StorageUnavailable
+from farm.models import BlendSource, JobSpec
+from farm.settings import Settings
 from farm.storage.base import StoredObject
 from farm.storage.local import LocalStorage
 from tests.farmprocs import until
+from workers.stillmodes import preview_key
 from workers.storageretry import retry_storage
+from workers.tasks import WorkerContext, _keep_preview
 
 
 @pytest.fixture
@@ -33,11 +38,10 @@ def disk(tmp_path: Path) -> Iterator[Path]:
 
 def _fill(disk: Path) -> Path:
     filler = disk / "filler"
-    with filler.open("wb") as f:
+    with filler.open("wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
         try:
             while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+                f.write(b"\0" * 4096)
         except OSError:
             pass
     return filler
@@ -80,3 +84,40 @@ def test_a_disk_full_past_the_budget_fails_saying_for_how_long(disk: Path, tmp_p
                       what="frame 1", keep=lambda: None)  # fmt: skip
     assert "frame 1: the storage kept failing for 1 s" in info.value.message
     assert frame.exists(), "the frame is kept for the next try"
+
+
+def test_an_animations_preview_waits_out_a_full_disk_and_its_mp4_is_made(
+    disk: Path, tmp_path: Path
+) -> None:
+    """The assembler keeps each frame's preview still in the farm's storage: a full disk there
+    (the chaos run saw one fail a job at frame 2's assembly) is waited out like a tile's."""
+    storage = LocalStorage(disk / "store")
+    spec = JobSpec(BlendSource("path", "/nowhere/a.blend", "0" * 64, "a.blend"), (1, 2), "1x1",
+                   32, 16, str(tmp_path / "out"), formats=("png",))  # fmt: skip
+    stills = []
+    for frame, value in ((1, 40), (2, 200)):
+        still = tmp_path / f"still-{frame}.png"
+        Image.new("RGB", (32, 16), (value, value, value)).save(still)
+        stills.append(still)
+    work = tmp_path / "work"
+    work.mkdir()
+    ctx = WorkerContext(settings=Settings(storage_retry_s=60), name="w", conn=None,  # type: ignore[arg-type]
+                        store=None, queue=None, storage=storage, child=None,  # type: ignore[arg-type]
+                        allocator=None, device=None)  # type: ignore[arg-type]  # fmt: skip
+    assert _keep_preview(ctx, spec, "j", 1, stills[0], work, keep=lambda: None) is None
+    filler = _fill(disk)
+    kept: list[int] = []
+    result: list[Path | None] = []
+
+    def assemble() -> None:
+        keep = lambda: kept.append(1)  # noqa: E731
+        result.append(_keep_preview(ctx, spec, "j", 2, stills[1], work, keep=keep))
+
+    worker = threading.Thread(target=assemble)
+    worker.start()
+    until(lambda: len(kept) >= 2, 20, "two retries on the full disk")
+    assert not result, "the preview went on without its still"
+    filler.unlink()
+    worker.join(30)
+    assert result and result[0] is not None and result[0].stat().st_size > 0
+    assert storage.exists(preview_key("j", 2))
