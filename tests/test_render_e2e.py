@@ -144,7 +144,7 @@ def test_missing_texture_is_refused_naming_the_path(tmp_path: Path) -> None:
 # --- failures inside workers -------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def slow_scene(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_scene(
         tmp_path_factory.mktemp("slow") / "slow.blend", width=160, height=90, samples=2000
@@ -156,7 +156,7 @@ def test_a_blender_child_killed_mid_tile_fails_that_tile_and_the_worker_goes_on(
 ) -> None:
     w = WorkerProcess(redis_url, tmp_path)
     try:
-        store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="2x1", samples=500)
+        store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="2x1", samples=150)
         wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
         os.kill(w.blender_pid(), signal.SIGABRT)
         retried = wait_for(

@@ -51,12 +51,13 @@ def main() -> None:
                 "memory": child(
                     "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096]); print('done')"
                 ),
-                # 200 processes against the session's pids limit
+                # 200 processes against the session's pids limit (each lets go of the
+                # pipe it inherited: the probe reads to its end, not for 20 s)
                 "pids": child(
                     "import os, time\n"
                     "for _ in range(200):\n"
                     "    if os.fork() == 0:\n"
-                    "        time.sleep(20); os._exit(0)\n"
+                    "        os.closerange(0, 3); time.sleep(20); os._exit(0)\n"
                     "print('done')\n"
                 ),
             }
