@@ -468,3 +468,15 @@ def test_inspection_estimates_device_memory_from_the_scene(child: BlenderChild, 
     assert 300 <= small < 400  # a device context and a tiny scene
     # 16 M pixels of render buffers at 64 bytes each
     assert big - small >= 900
+
+
+def test_a_request_without_samples_renders_the_files_own_count_after_one_that_set_it(
+    child: BlenderChild, scene: Path, work: Path
+) -> None:
+    """The child keeps a file open between requests: a count one request set must not stay
+    for the next request that asks for none (the file says 8)."""
+    asked = child.render(scene, frame=1, width=W, height=H, rect=Rect(0, 0, 8, 8), samples=3,
+                         out_path=work / "asked.exr", timeout_s=TIMEOUT_S)  # fmt: skip
+    plain = child.render(scene, frame=1, width=W, height=H, rect=Rect(0, 0, 8, 8), samples=None,
+                         out_path=work / "plain.exr", timeout_s=TIMEOUT_S)  # fmt: skip
+    assert (asked["samples"], plain["samples"]) == (3, 8)

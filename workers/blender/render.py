@@ -29,7 +29,10 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
     scene = bpy.context.scene
     width, height = int(req["width"]), int(req["height"])
     out_path = Path(req["out_path"]).absolute()
-    _prepare_scene(scene, width, height, req.get("samples"), req.get("rect"))
+    # a kept-open file keeps what the last request set: without a count, the file's own
+    samples = req.get("samples")
+    _prepare_scene(scene, width, height, session.saved["samples"] if samples is None else samples,
+                   req.get("rect"))  # fmt: skip
     layers = _prepare_passes(scene, session.saved, req)
     scene.cycles.device = cycles_device
     if session.threads > 0:
@@ -108,6 +111,7 @@ def file_settings(scene: Any) -> dict[str, Any]:
         # tiles render with compositing off; converting asks whether the file composites
         "compositing": bool(scene.render.use_compositing),
         "adaptive": bool(scene.cycles.use_adaptive_sampling),
+        "samples": int(scene.cycles.samples),
         "denoising_passes": {
             vl.name: bool(vl.cycles.denoising_store_passes) for vl in scene.view_layers
         },
@@ -115,7 +119,7 @@ def file_settings(scene: Any) -> dict[str, Any]:
 
 
 def _prepare_scene(
-    scene: Any, width: int, height: int, samples: int | None, rect: list[int] | None
+    scene: Any, width: int, height: int, samples: int, rect: list[int] | None
 ) -> None:
     render = scene.render
     render.engine = "CYCLES"
@@ -127,8 +131,7 @@ def _prepare_scene(
     render.resolution_x = width
     render.resolution_y = height
     render.resolution_percentage = 100
-    if samples is not None:
-        scene.cycles.samples = int(samples)
+    scene.cycles.samples = int(samples)
     # The raw render result: compositing, sequencer and burnt-in stamps would act per tile.
     render.use_compositing = False
     render.use_sequencer = False
