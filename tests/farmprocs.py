@@ -35,6 +35,11 @@ def _is_blender_child(cmdline: bytes) -> bool:
     return b"workers.blender" in cmdline and argv0 not in (b"bwrap", b"setpriv")
 
 
+#: how long a test waits for its worker to exit after SIGTERM (a render gets FARM_STOP_GRACE_S,
+#: 25 s, to finish)
+STOP_WAIT_S = 30.0
+
+
 class WorkerProcess:
     """A real `farm worker` process against the test session's redis-server."""
 
@@ -74,10 +79,24 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-        self.log.close()
+        """SIGTERM, as an operator stops a worker. One still running STOP_WAIT_S later is
+        killed and the test fails saying so: left running, it would serve the next tests'
+        tasks from the session's Redis with this test's storage (every later test failed)."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+                    tail = self.log_text().splitlines()[-20:]
+                    raise AssertionError(
+                        f"worker {self.name} was still running {STOP_WAIT_S:.0f} s after "
+                        "SIGTERM (killed); its log's last lines:\n" + "\n".join(tail)
+                    ) from None
+        finally:
+            self.log.close()
 
 
 def submit(
