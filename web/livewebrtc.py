@@ -133,6 +133,12 @@ class LivePeers:
             after = await feed.load()
             # another viewer's request may have made the feed meanwhile: one feed a job
             feed = self.feeds.setdefault(status.id, feed)
+            try:
+                self.check(status.id)  # requests that came in during the load count
+            except FarmError:
+                if not feed.peers and self.feeds.get(status.id) is feed:
+                    del self.feeds[status.id]
+                raise
         track = PictureTrack(feed.composite, feed.changed)
         peer = PreviewPeer(track, ice_servers(settings, user), self._closed(feed))
         feed.peers.add(peer)
