@@ -5,7 +5,11 @@ job page's canvas in headless Chromium (JPEG over SSE: Redis stream, web, EventS
 decode, drawImage). Baseline: a plain job event (``JobStore.warn``) from Redis to the same page
 over the job's event stream (the transport alone, no image). Passes are published one at a
 time, each a tile JPEG the size a 2x2 tile of --resolution makes, each waited for before the
-next; only passes the page drew count.
+next; only passes the page drew count. Then the same over WebRTC (a second page, in its own
+window, watching the job's video: web/livewebrtc.py composes the frame, aiortc encodes it):
+from a pass landing to the first video frame the page presents (requestVideoFrameCallback's
+presentationTime) whose pixels in that tile show the pass (its passes alternate red and blue
+tints, noisy like the others).
 
 (2) Cost, in one Blender child: the first tile of the grid rendered plain, then through the
 worker's live-preview path (workers.progressive: passes, merges, tone-mapped JPEGs, publishing
@@ -76,11 +80,14 @@ def shown(label: str, values: list[float], unit: str, digits: int = 1) -> str:
             f"p90 {s['p90']:.{d}f}, max {s['max']:.{d}f}; n={len(values)})")  # fmt: skip
 
 
-def tile_jpeg(width: int, height: int, seed: int) -> bytes:
-    """A render-like tile: a gradient with noise (noise makes a JPEG as big as an early pass)."""
+def tile_jpeg(width: int, height: int, seed: int, tint: float = 0.0) -> bytes:
+    """A render-like tile: a gradient with noise (noise makes a JPEG as big as an early pass);
+    ``tint`` > 0 adds that much red and takes as much blue (< 0: the other way)."""
     rng = np.random.default_rng(seed)
     ramp = np.linspace(40, 200, width, dtype=np.float32)[None, :, None]
-    pixels = np.clip(ramp + rng.normal(0, 25, (height, width, 3)), 0, 255).astype(np.uint8)
+    pixels = ramp + rng.normal(0, 25, (height, width, 3))
+    pixels += np.array([tint, 0, -tint], np.float32)
+    pixels = np.clip(pixels, 0, 255).astype(np.uint8)
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "JPEG", quality=85)
     return out.getvalue()
@@ -102,6 +109,7 @@ def latency(settings: Settings, tmp: Path, passes: int, width: int, height: int)
     jpegs = [livepreview.encode_jpeg(tile_jpeg(tw, th, i)) for i in range(8)]
     live_ms: list[float] = []
     base_ms: list[float] = []
+    video_ms: list[float] = []
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -110,7 +118,8 @@ def latency(settings: Settings, tmp: Path, passes: int, width: int, height: int)
             page.fill("#token", token)
             page.click("#signin")
             page.wait_for_url(live.url + "/")
-            page.goto(f"{live.url}/jobs/{job_id}")
+            state = page.context.storage_state()
+            page.goto(f"{live.url}/jobs/{job_id}?live=sse")
             page.wait_for_selector("#live-link.on", timeout=TIMEOUT_MS)
             _baseline_listener(page, job_id)
             schedule = pass_schedule(256)
@@ -129,13 +138,56 @@ def latency(settings: Settings, tmp: Path, passes: int, width: int, height: int)
             base = page.evaluate("window.__base")
             live_ms = [p["shown_ms"] - p["ts"] * 1000 for p in drawn]
             base_ms = [b["shown_ms"] - b["ts"] * 1000 for b in base]
+            video = browser.new_context(viewport={"width": 1000, "height": 800},
+                                        storage_state=state).new_page()  # fmt: skip
+            video.goto(f"{live.url}/jobs/{job_id}")
+            video.wait_for_selector("#live-view[data-path=webrtc]", timeout=TIMEOUT_MS)
+            video.evaluate(WATCH_VIDEO, [tw // 4, th + th // 4, tw // 2, th // 2])
+            tints = [livepreview.encode_jpeg(tile_jpeg(tw, th, i, tint=(-1) ** i * 60))
+                     for i in range(2)]  # fmt: skip
+            for i in range(passes):
+                red = i % 2 == 0
+                sent_ts = time.time()
+                livepreview.publish(store.conn, job_id, livepreview.TilePass(
+                    frame=1, tile=0, attempt=1, x=0, y=th, w=tw, h=th, frame_w=width,
+                    frame_h=height, index=1, passes=len(schedule), samples=1,
+                    total_samples=256, jpeg=tints[i % 2], ts=sent_ts),
+                    settings.live_preview_ttl_s)  # fmt: skip
+                shown_at = video.wait_for_function(
+                    f"() => window.__video.find((f) => f.t >= {sent_ts * 1000} && "
+                    f"(f.r - f.b) {'> 40' if red else '< -40'}) || null",
+                    timeout=TIMEOUT_MS,
+                ).json_value()
+                video_ms.append(shown_at["t"] - sent_ts * 1000)
             browser.close()
     finally:
         live.close()
         store.conn.close()
         rq.close()
-    return {"live_ms": live_ms, "base_ms": base_ms, "tile": f"{tw}x{th}",
+    return {"live_ms": live_ms, "base_ms": base_ms, "video_ms": video_ms, "tile": f"{tw}x{th}",
             "jpeg_bytes": statistics.median(len(j) * 3 // 4 for j in jpegs)}  # fmt: skip
+
+
+#: in the page: each frame the live <video> presents, when (epoch ms: presentationTime) and
+#: the mean red and blue of a region (x, y, w, h in video pixels)
+WATCH_VIDEO = """([x, y, w, h]) => {
+  const video = document.querySelector('#live-video');
+  const canvas = document.createElement('canvas');
+  const ctx = canvas.getContext('2d', { willReadFrequently: true });
+  window.__video = [];
+  const seen = (now, meta) => {
+    canvas.width = video.videoWidth;
+    canvas.height = video.videoHeight;
+    ctx.drawImage(video, 0, 0);
+    const px = ctx.getImageData(x, y, w, h).data;
+    let r = 0, b = 0;
+    for (let i = 0; i < px.length; i += 4) { r += px[i]; b += px[i + 2]; }
+    const n = px.length / 4;
+    window.__video.push({ t: performance.timeOrigin + meta.presentationTime, r: r / n, b: b / n });
+    video.requestVideoFrameCallback(seen);
+  };
+  video.requestVideoFrameCallback(seen);
+}"""
 
 
 def _baseline_listener(page: Page, job_id: str) -> None:
@@ -281,6 +333,8 @@ def main() -> None:
                   f"(JPEG ~{lat['jpeg_bytes']:.0f} B):")  # fmt: skip
             print("  " + shown("pass landed -> pixels on the canvas", lat["live_ms"], "ms"))
             print("  " + shown("baseline: job event -> page", lat["base_ms"], "ms"))
+            print("  " + shown("WebRTC: pass landed -> pixels in the video", lat["video_ms"],
+                               "ms"))  # fmt: skip
             live_p50 = statistics.median(lat["live_ms"])
             base_p50 = statistics.median(lat["base_ms"])
             figures.update({
@@ -290,6 +344,12 @@ def main() -> None:
                 "pass_to_pixels_max_ms": round(max(lat["live_ms"]), 1),
                 "baseline_event_p50_ms": round(base_p50, 1),
                 "pass_vs_event_p50_ratio": round(live_p50 / base_p50, 2) if base_p50 > 0 else None,
+                "webrtc_passes_timed": len(lat["video_ms"]),
+                "webrtc_pass_to_video_p50_ms": round(statistics.median(lat["video_ms"]), 1),
+                "webrtc_pass_to_video_p90_ms": round(spread(lat["video_ms"])["p90"], 1),
+                "webrtc_pass_to_video_max_ms": round(max(lat["video_ms"]), 1),
+                "webrtc_vs_sse_p50_ratio": round(statistics.median(lat["video_ms"]) / live_p50,
+                                                 2) if live_p50 > 0 else None,
             })  # fmt: skip
             if not args.skip_cost:
                 print(f"cost in one Blender child, tile 0 of {args.tiles} at {args.resolution}, "

@@ -482,6 +482,20 @@ class Settings:
     0.05 leaves room for the estimate's error under the 1.10x target: at 0.10 whole jobs
     measured 1.16x (bench/preview_latency.py)."""
 
+    # --- live preview over WebRTC (issue #17 part 1) ------------------------------------------
+
+    live_webrtc_per_job: int = 4
+    """FARM_LIVE_WEBRTC_PER_JOB: viewers of one job that a web process sends the live preview
+    as a WebRTC video (one encode each); more are refused and watch over JPEG/SSE. 0 turns the
+    WebRTC path off."""
+
+    live_webrtc_peers: int = 32
+    """FARM_LIVE_WEBRTC_PEERS: live-preview WebRTC viewers of all jobs in one web process."""
+
+    live_webrtc_idle_s: float = 120.0
+    """FARM_LIVE_WEBRTC_IDLE_S: a live-preview viewer's connection closes after this long
+    without a pass landing (its page falls back to JPEG/SSE), or that long unconnected."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
@@ -706,6 +720,10 @@ ENV: dict[str, tuple[str, type, float]] = {
     # live preview (issue #17 part 1)
     "live_preview_ttl_s": ("FARM_LIVE_PREVIEW_TTL_S", float, 1.0),
     "live_preview_budget": ("FARM_LIVE_PREVIEW_BUDGET", float, 0.0),
+    # live preview over WebRTC (issue #17 part 1)
+    "live_webrtc_per_job": ("FARM_LIVE_WEBRTC_PER_JOB", int, 0),
+    "live_webrtc_peers": ("FARM_LIVE_WEBRTC_PEERS", int, 0),
+    "live_webrtc_idle_s": ("FARM_LIVE_WEBRTC_IDLE_S", float, 1.0),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -32,6 +32,7 @@ from web.appkeys import (
 from web.auth import auth_middleware
 from web.headers import on_prepare
 from web.jsonio import error_middleware
+from web.livewebrtc import live_peers_ctx
 from web.routes import add_routes, table
 from web.webhooks import dispatcher_ctx
 
@@ -87,4 +88,5 @@ def create_app(settings: Settings) -> web.Application:
     app[ROUTES] = add_routes(app, table())
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(dispatcher_ctx)
+    app.cleanup_ctx.append(live_peers_ctx)
     return app

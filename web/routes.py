@@ -19,6 +19,7 @@ from web import (
     jobcontrol,
     jobs,
     livepreview,
+    livewebrtc,
     metrics,
     openapi,
     pages,
@@ -212,6 +213,13 @@ def table() -> list[Route]:
         R("GET", "/api/jobs/{job_id}/live", livepreview.live_passes,
           "a live-preview job's frame converging, as server-sent events: each tile's current "
           "pass (a JPEG), then each pass as it lands", tags=("jobs",)),
+        R("GET", "/api/jobs/{job_id}/live/webrtc", livewebrtc.ice,
+          "the STUN/TURN servers for a live-preview WebRTC offer (503 where the farm previews "
+          "over JPEG/SSE only)", tags=("jobs",)),
+        R("POST", "/api/jobs/{job_id}/live/webrtc", livewebrtc.offer,
+          "a live-preview job's frame converging as a WebRTC video: the viewer's SDP offer in, "
+          "the answer out (429/503 at the viewer caps: watch over .../live)",
+          body={"type": S, "sdp": S}, tags=("jobs",)),
         R("POST", "/api/jobs/{job_id}/cancel", jobs.cancel_job, "cancel a job",
           tags=("jobs",)),
         R("POST", "/api/jobs/{job_id}/retry", jobs.retry_job,

@@ -203,6 +203,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         estimate_probe_s=1.0, estimate_probe_pixels=4096, estimate_probe_frames=2,
         device_speeds='{"t4": 3}', estimate_errors_max=50,
         live_preview_ttl_s=60.0, live_preview_budget=0.5,
+        live_webrtc_per_job=2, live_webrtc_peers=5, live_webrtc_idle_s=30.0,
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):

@@ -1,15 +1,17 @@
-"""Live preview in a real Chromium: a frame converging pass by pass on the job page, a viewer
-joining mid-frame, the final frame against a plain render, and strangers kept out."""
+"""Live preview in a real Chromium: a frame converging pass by pass on the job page (as a WebRTC
+video, and on the JPEG/SSE canvas of a viewer over the WebRTC cap), a viewer joining mid-frame,
+the final frame against a plain render, and strangers kept out."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import numpy.typing as npt
 import pytest
 import redis
 from PIL import Image
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from farm import jobstore, livepreview, queue, submission
 from farm.accept import accept
@@ -61,6 +63,13 @@ class Watched:
     join_same_pixels: bool = False
     #: when its page had loaded (ms from navigation): what the browser itself took
     join_loaded_ms: float = 0.0
+    #: the WebRTC viewer: its video's visibly different states (grabbed in the page at each
+    #: video frame), what its live link said, and the other viewers' (refused at the cap)
+    video_states: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    video_errors: list[str] = field(default_factory=list)
+    video_link: str = ""
+    sse_link: str = ""
+    sse_why: str = ""
     live_exr: Path = Path()
     plain_exr: Path = Path()
     web_url: str = ""
@@ -97,19 +106,38 @@ def watched(
     shots.mkdir()
     try:
         wait_for_worker(redis_server.url)
-        live = LiveWeb(worker.settings)
+        # one WebRTC viewer a job: the second page (and the late viewer) are refused and fall
+        # back to JPEG/SSE, which the tests below watch
+        live = LiveWeb(replace(worker.settings, live_webrtc_per_job=1))
         token = member_token(redis_server.url, "ana", "shorts")
         context = browser.new_context(viewport={"width": 900, "height": 700})
         page = context.new_page()
+        video_context: BrowserContext | None = None
         try:
             _sign_in(page, live.url, token, "/")
             store, job_id = _queued_unseen(worker, blend, tmp / "live")
+            seen = Watched(job_id, web_url=live.url)
+            # in a window of its own: a page behind another in one window is hidden, and
+            # Chromium slows its timers and frames
+            video_context = browser.new_context(viewport={"width": 900, "height": 700},
+                                                storage_state=context.storage_state())  # fmt: skip
+            video = video_context.new_page()
+            video.on("pageerror", lambda e: seen.video_errors.append(str(e)))
             try:
+                video.goto(f"{live.url}/jobs/{job_id}")
+                expect(video.locator("#live-view[data-path=webrtc]")).to_have_count(
+                    1, timeout=TIMEOUT_MS
+                )
+                seen.video_link = video.locator("#live-link").inner_text()
+                video.evaluate(GRAB_VIDEO, VISIBLE)
                 page.goto(f"{live.url}/jobs/{job_id}")
                 expect(page.locator("#live-link.on")).to_have_count(1, timeout=TIMEOUT_MS)
+                expect(page.locator("#live-view[data-path=sse]")).to_have_count(1)
+                expect(page.locator("#live-link")).to_contain_text("WebRTC refused")
+                seen.sse_link = page.locator("#live-link").inner_text()
+                seen.sse_why = page.locator("#live-link").get_attribute("title") or ""
             finally:
                 os.kill(worker.proc.pid, signal.SIGCONT)
-            seen = Watched(job_id, web_url=live.url)
             page.on("pageerror", lambda e: seen.errors.append(str(e)))
             drawn, joined = 0, False
             ended = False
@@ -132,8 +160,15 @@ def watched(
                                  page)  # fmt: skip
             seen.passes = page.evaluate("window.__livePasses")
             expect(page.locator("#live-link")).to_contain_text("frame done", timeout=TIMEOUT_MS)
+            expect(video.locator("#live-link")).to_contain_text("frame done", timeout=TIMEOUT_MS)
+            for n, (w, h, rgba) in enumerate(video.evaluate("window.__videoStates"), 1):
+                state = np.asarray(rgba, np.float32).reshape(h, w, 4)[:, :, :3]
+                seen.video_states.append(state)
+                Image.fromarray(state.astype(np.uint8)).save(shots / f"video-{n:02d}.png")
         finally:
             context.close()
+            if video_context is not None:
+                video_context.close()
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done")
         seen.live_exr = tmp / "live" / "o" / "frame_0001.exr"
         plain_store, plain_id = submit(worker.settings, blend, tmp / "plain", tiles=TILES,
@@ -148,6 +183,35 @@ def watched(
         worker.stop()
         conn.flushall()
         conn.close()
+
+
+#: in the page, at each frame the <video> presents: its pixels, kept when they differ visibly
+#: (mean absolute difference above the argument) from the last kept ones
+GRAB_VIDEO = """(visible) => {
+  const video = document.querySelector('#live-video');
+  const canvas = document.createElement('canvas');
+  window.__videoStates = [];
+  let last = null;
+  const grab = () => {
+    if (video.videoWidth) {
+      canvas.width = video.videoWidth;
+      canvas.height = video.videoHeight;
+      const ctx = canvas.getContext('2d', { willReadFrequently: true });
+      ctx.drawImage(video, 0, 0);
+      const px = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+      let sum = 0;
+      for (let i = 0; last && i < px.length; i++) {
+        if (i % 4 !== 3) sum += Math.abs(px[i] - last[i]);
+      }
+      if (!last || sum / (px.length * 0.75) > visible) {
+        last = px;
+        window.__videoStates.push([canvas.width, canvas.height, Array.from(px)]);
+      }
+    }
+    video.requestVideoFrameCallback(grab);
+  };
+  video.requestVideoFrameCallback(grab);
+}"""
 
 
 def _queued_unseen(worker: WorkerProcess, blend: Path, out: Path) -> tuple[JobStore, str]:
@@ -199,6 +263,8 @@ def _late_viewer(
                 f"() => window.__livePasses && window.__livePasses.length >= {len(current)}",
                 timeout=TIMEOUT_MS,
             )
+            # refused WebRTC at the cap, it watches over JPEG/SSE as the first viewer does
+            expect(page.locator("#live-link")).to_contain_text("WebRTC refused")
             shown = page.evaluate(
                 "() => Math.max(...window.__livePasses.map((p) => p.shown_ms))"
                 " - performance.timeOrigin"
@@ -231,6 +297,19 @@ def test_the_page_shows_the_frame_converging(watched: Watched) -> None:
     assert len(distinct) >= 3, f"{len(distinct)} visibly different states"
 
 
+def test_the_video_shows_the_frame_converging(watched: Watched) -> None:
+    assert not watched.video_errors, watched.video_errors
+    assert "WebRTC video" in watched.video_link, watched.video_link
+    # the first state is the frame before any pass (the page's background), sent at once
+    assert len(watched.video_states) >= 3, f"{len(watched.video_states)} visibly different states"
+
+
+def test_a_viewer_refused_webrtc_watches_over_sse(watched: Watched) -> None:
+    # refused at the cap of one WebRTC viewer a job: the canvas, fed over SSE, shows the frame
+    assert "JPEG over SSE (WebRTC refused" in watched.sse_link, watched.sse_link
+    assert "1 viewers watch this job over WebRTC" in watched.sse_why, watched.sse_why
+
+
 def test_a_viewer_joining_mid_frame_sees_its_current_state_at_once(watched: Watched) -> None:
     assert watched.snapshot_passes >= 1
     assert watched.join_passes == watched.snapshot_passes
@@ -256,6 +335,17 @@ def test_a_member_of_another_project_cannot_watch(
             urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
         assert refused.value.code == status
         refused.value.close()
+    # nor offer for its WebRTC video (or ask for its ICE servers)
+    webrtc = f"{watched.web_url}/api/jobs/{watched.job_id}/live/webrtc"
+    offer = json.dumps({"type": "offer", "sdp": "v=0"}).encode()
+    for method, body in (("GET", None), ("POST", offer)):
+        for headers, status in (({}, 401), ({"Authorization": f"Bearer {stranger}"}, 404)):
+            req = urllib.request.Request(webrtc, data=body, method=method, headers={
+                **headers, "Content-Type": "application/json"})  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == status, (method, headers)
+            refused.value.close()
     # a member of the job's project gets the stream
     member = member_token(redis_server.url, "ida", "shorts")
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {member}"})

@@ -1,5 +1,8 @@
 // Job page, live preview: a live-preview job's frame converging, tile passes drawn as they land
-// (JPEG over server-sent events), with the tile grid, the samples so far and the ETA.
+// (JPEG over server-sent events), with the tile grid, the samples so far and the ETA. The picture
+// comes as a WebRTC video where that connects (the server composes the frame: one <video> under
+// the grid); the canvas the passes are drawn on is the fallback, shown until the video plays and
+// whenever WebRTC is refused, does not connect or drops. `?live=sse` on the page asks for SSE only.
 import { api, $, fmtDuration } from "./app.js";
 
 const jobId = decodeURIComponent(location.pathname.replace(/^\/jobs\//, "").replace(/\/$/, ""));
@@ -11,6 +14,13 @@ let tiles = new Map(); // tile index -> {samples, index, passes} of the frame sh
 const held = new Map(); // frame -> (tile index -> latest pass) of frames waiting to be shown
 let drawing = Promise.resolve(); // passes are drawn in the order they arrive
 let etaAsked = 0;
+let pc = null; // the WebRTC peer while it is tried or plays
+let path = "sse"; // what the picture comes over: "sse" or "webrtc"
+let why = ""; // why not WebRTC, when it was refused or dropped
+let ended = false;
+// the video must play this soon after the offer, or the page stays on the canvas (ms)
+const WEBRTC_CONNECT_MS = 4000;
+const ICE_GATHER_MS = 1500;
 // what was drawn when (tests and bench/preview_latency.py read it): the pass's publish time
 // (epoch s, the worker's clock) and when its pixels were on the canvas (epoch ms, this clock)
 window.__livePasses = [];
@@ -115,10 +125,11 @@ async function draw(p) {
   askEta();
 }
 
-function setLive(text, on) {
+function setLive(text, on, title = "") {
   const node = $("#live-link");
   node.classList.toggle("on", on);
   node.querySelector("span").textContent = text;
+  node.title = title;
 }
 
 function size(width, height) {
@@ -138,14 +149,97 @@ function connect() {
     const p = JSON.parse(ev.data);
     drawing = drawing.then(() => draw(p)).catch(() => {});
   });
-  source.addEventListener("ready", () => setLive("live \u00b7 JPEG over SSE", true));
+  source.addEventListener("ready", () => showPath());
   source.addEventListener("end", () => {
     source.close();
+    ended = true;
+    closeWebrtc();
     setLive("frame done", false);
     $("#live-eta").textContent = "";
   });
   source.onerror = () => setLive("reconnecting", false);
   return source;
+}
+
+function showPath() {
+  if (ended) return;
+  const video = $("#live-video");
+  video.hidden = path !== "webrtc";
+  $("#live-canvas").hidden = path === "webrtc";
+  $("#live-view").dataset.path = path;
+  if (path === "webrtc") return setLive("live \u00b7 WebRTC video", true);
+  // why not WebRTC in a word on the page, the server's message on hover
+  const word = why ? ` (${why.split(":")[0]})` : "";
+  setLive(`live \u00b7 JPEG over SSE${word}`, true, why);
+}
+
+function closeWebrtc() {
+  if (pc) pc.close();
+  pc = null;
+  const video = $("#live-video");
+  video.srcObject = null;
+  video.hidden = true;
+  $("#live-canvas").hidden = false;
+}
+
+function fallBack(reason) {
+  // the canvas (kept drawn all along) shows the frame again
+  closeWebrtc();
+  path = "sse";
+  why = reason;
+  showPath();
+}
+
+function gathered(peer) {
+  if (peer.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ICE_GATHER_MS); // send what we have
+    peer.addEventListener("icegatheringstatechange", () => {
+      if (peer.iceGatheringState === "complete") { clearTimeout(timer); resolve(); }
+    });
+  });
+}
+
+async function tryWebrtc() {
+  if (!window.RTCPeerConnection) return fallBack("no WebRTC in this browser");
+  let servers;
+  try {
+    servers = (await api(base + "/live/webrtc")).iceServers || [];
+  } catch (err) {
+    return fallBack(`WebRTC refused: ${err.message}`);
+  }
+  const peer = new RTCPeerConnection({ iceServers: servers });
+  pc = peer;
+  const transceiver = peer.addTransceiver("video", { direction: "recvonly" });
+  // frames are shown as soon as they decode (where the browser has these knobs)
+  if ("playoutDelayHint" in transceiver.receiver) transceiver.receiver.playoutDelayHint = 0;
+  if ("jitterBufferTarget" in transceiver.receiver) transceiver.receiver.jitterBufferTarget = 0;
+  const video = $("#live-video");
+  peer.ontrack = (ev) => {
+    video.srcObject = ev.streams[0] || new MediaStream([ev.track]);
+    video.play().catch(() => {});
+  };
+  video.onplaying = () => {
+    if (pc !== peer || ended) return;
+    path = "webrtc";
+    why = "";
+    showPath();
+  };
+  peer.onconnectionstatechange = () => {
+    if (pc === peer && ["failed", "closed"].includes(peer.connectionState)) fallBack("WebRTC connection lost");
+  };
+  setTimeout(() => {
+    if (pc === peer && path !== "webrtc") fallBack("WebRTC did not connect");
+  }, WEBRTC_CONNECT_MS);
+  try {
+    await peer.setLocalDescription(await peer.createOffer());
+    await gathered(peer);
+    const answer = await api(base + "/live/webrtc", { method: "POST", json: { type: "offer", sdp: peer.localDescription.sdp } });
+    if (pc !== peer) return;
+    await peer.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+  } catch (err) {
+    if (pc === peer) fallBack(`WebRTC refused: ${err.message}`);
+  }
 }
 
 async function start() {
@@ -168,6 +262,7 @@ async function start() {
   got.tile_count = m ? parseInt(m[1], 10) * (m[2] ? parseInt(m[2], 10) : parseInt(m[1], 10)) : 1;
   spec = got;
   size(spec.width, spec.height);
+  if (new URLSearchParams(location.search).get("live") !== "sse") await tryWebrtc();
 }
 
 // job.js shows what went wrong with the job itself (gone, not yours); the preview just stays hidden
