@@ -16,10 +16,10 @@ from typing import Any, Protocol
 import av
 import numpy as np
 import numpy.typing as npt
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from farm.errors import BadParameter
+from encoder.peers import take_offer
 
 log = logging.getLogger("tessera.live.webrtc")
 
@@ -102,15 +102,7 @@ class PreviewPeer:
     async def answer(self, offer_sdp: str) -> str:
         """The complete answer (ICE gathered) to a viewer's complete offer."""
         transceiver = self.pc.addTransceiver(self.track, direction="sendonly")
-        try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        except (ValueError, KeyError, IndexError) as exc:
-            raise BadParameter(f"the offer is not a usable SDP offer: {exc}") from exc
-        except Exception as exc:
-            # aiortc raises its own OperationError/InvalidStateError for offers it cannot take
-            raise BadParameter(f"the offer could not be accepted: {exc}") from exc
-        if transceiver.mid is None:
-            raise BadParameter("the offer has no video (add a recvonly video transceiver)")
+        await take_offer(self.pc, transceiver, offer_sdp)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
 

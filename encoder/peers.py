@@ -160,15 +160,7 @@ class Viewer:
             sound.setCodecPreferences(
                 [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.name == "opus"]
             )
-        try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        except (ValueError, KeyError, IndexError) as exc:
-            raise BadParameter(f"the offer is not a usable SDP offer: {exc}") from exc
-        except Exception as exc:
-            # aiortc raises its own OperationError/InvalidStateError for offers it cannot take
-            raise BadParameter(f"the offer could not be accepted: {exc}") from exc
-        if transceiver.mid is None:
-            raise BadParameter("the offer has no video (add a recvonly video transceiver)")
+        await take_offer(self.pc, transceiver, offer_sdp)
         _route_rtcp(transceiver.sender, self)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
@@ -284,3 +276,17 @@ def _retransmit_copies(sender: RTCRtpSender, copies: int) -> None:
             await retransmit(sequence_number)
 
     setattr(sender, "_retransmit", repeated)  # noqa: B010
+
+
+async def take_offer(pc: RTCPeerConnection, video: Any, offer_sdp: str) -> None:
+    """Set a viewer's offer as ``pc``'s remote description; BadParameter (400) for an offer
+    that is not SDP, that aiortc cannot take, or that left the ``video`` transceiver unused."""
+    try:
+        await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+    except (ValueError, KeyError, IndexError) as exc:
+        raise BadParameter(f"the offer is not a usable SDP offer: {exc}") from exc
+    except Exception as exc:
+        # aiortc raises its own OperationError/InvalidStateError for offers it cannot take
+        raise BadParameter(f"the offer could not be accepted: {exc}") from exc
+    if video.mid is None:
+        raise BadParameter("the offer has no video (add a recvonly video transceiver)")

@@ -8,14 +8,14 @@ from typing import Any
 
 from aiohttp import web
 
-from farm import budget, estimaterecords, submission
+from farm import budget, estimaterecords
 from farm.accept import estimate_job
 from farm.errors import BadParameter
 from farm.queue import RenderQueue
 from web import intake, jsonio
 from web.appkeys import ALLOCATOR, CONN, RQ_CONN, SETTINGS, STORE, blocking, user_of
-from web.auth import check_device, role_in
-from web.jobs import body_fields, job_output
+from web.auth import role_in
+from web.jobs import read_job_body
 from web.limits import JOB_TILES, limits_of
 from web.projects import manage
 from web.uploads import inspection
@@ -27,18 +27,10 @@ async def estimate(request: web.Request) -> web.Response:
     """What the job of this body would take on each device class the user may use: time per
     frame, wall time with the devices free now, device-hours, cost, kWh, CO2e; and what the
     project's budget has left. The inspection renders the probe (once per upload: cached)."""
-    body = await jsonio.read_object(request, body_fields(), required=("project", "upload_id"))
-    upload_id = body.pop("upload_id")
-    if body.pop("accept_missing", False):
-        body["allow_missing"] = True
-    project = body["project"]
-    role = role_in(request, project, "member")
+    job = await read_job_body(request)
+    project, role, upload_id, req, rec = job.project, job.role, job.upload_id, job.req, job.rec
     app = request.app
     settings = app[SETTINGS]
-    req = submission.request_from(body, job_output(settings, project), settings)
-    submission.check_request(req)
-    await check_device(request, project, role, req.device)
-    rec = await blocking(app, intake.find, app[CONN], [project], upload_id)
     report = await inspection(request, rec, req.device, probe=True)
     max_tasks = await blocking(app, limits_of(request).allowed, project, JOB_TILES)
     quoted = await blocking(

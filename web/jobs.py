@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -86,7 +87,19 @@ def job_output(settings: Settings, project: str) -> str:
     return str(settings.storage_dir / name)
 
 
-async def submit_job(request: web.Request) -> web.Response:
+@dataclass(frozen=True)
+class JobBody:
+    """A job's body (``POST /api/jobs``, and its estimate) read and checked: the project, the
+    caller's role there, the render request and the record of the upload it names."""
+
+    project: str
+    role: str
+    upload_id: str
+    req: submission.RenderRequest
+    rec: dict[str, Any]
+
+
+async def read_job_body(request: web.Request) -> JobBody:
     body = await jsonio.read_object(request, body_fields(), required=("project", "upload_id"))
     upload_id = body.pop("upload_id")
     if body.pop("accept_missing", False):
@@ -99,6 +112,14 @@ async def submit_job(request: web.Request) -> web.Response:
     submission.check_request(req)
     await check_device(request, project, role, req.device)
     rec = await blocking(app, intake.find, app[CONN], [project], upload_id)
+    return JobBody(project, role, upload_id, req, rec)
+
+
+async def submit_job(request: web.Request) -> web.Response:
+    job = await read_job_body(request)
+    project, role, upload_id, req, rec = job.project, job.role, job.upload_id, job.req, job.rec
+    app = request.app
+    settings = app[SETTINGS]
     # a project with a budget has every job estimated: its inspection renders the probe
     limited = await blocking(app, budget.get, app[CONN], project) is not None
     report = await inspection(request, rec, req.device, probe=limited)
