@@ -39,6 +39,16 @@ async def sse_response(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def job_over(request: web.Request, job_id: str) -> bool:
+    """Whether nothing more will come of the job: it ended, or was deleted meanwhile
+    (web.jobcontrol)."""
+    try:
+        state = await blocking(request.app, request.app[STORE].state, job_id)
+    except NotFound:
+        return True
+    return state in JOB_FINAL
+
+
 async def job_events(request: web.Request) -> web.StreamResponse:
     """Every event of the job (from ``Last-Event-ID`` or ``?after=`` on), then the end."""
     status = await job_for(request)
@@ -60,11 +70,7 @@ async def job_events(request: web.Request) -> web.StreamResponse:
             if ended and len(batch) >= READ_COUNT:
                 ended = False  # more of the history may follow (an end, then a requeue)
             if not batch:
-                try:
-                    state = await blocking(request.app, store.state, status.id)
-                except NotFound:  # deleted meanwhile (web.jobcontrol): nothing more will come
-                    break
-                if state in JOB_FINAL:
+                if await job_over(request, status.id):
                     break
                 await resp.write(b": waiting\n\n")
     except (ConnectionResetError, ConnectionError):

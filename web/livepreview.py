@@ -9,11 +9,9 @@ import logging
 from aiohttp import web
 
 from farm import livepreview
-from farm.errors import NotFound
 from farm.livepreview import TilePass
-from farm.states import JOB_FINAL
 from web.appkeys import STORE, blocking, waiting
-from web.events import BLOCK_MS, sse_response
+from web.events import BLOCK_MS, job_over, sse_response
 from web.jobs import job_for
 
 log = logging.getLogger("tessera.web.live")
@@ -41,11 +39,7 @@ async def live_passes(request: web.Request) -> web.StreamResponse:
                 await resp.write(_message("pass", entry_id, tile_pass))
             if batch:
                 continue
-            try:
-                state = await blocking(request.app, request.app[STORE].state, status.id)
-            except NotFound:  # deleted meanwhile: nothing more will come
-                break
-            if state in JOB_FINAL:
+            if await job_over(request, status.id):
                 break
             await resp.write(b": waiting\n\n")
     except (ConnectionResetError, ConnectionError):
