@@ -32,16 +32,19 @@ pytestmark = [
 SETTLE_MS = 250
 
 #: when the page's layout engine saw the picture area change (performance.now(), ms), from here on
-#: (``stageChanges.length = 0`` starts the list anew)
+#: (``stageChanges.length = 0`` starts the list anew). It resolves once the observer has made its
+#: first call, the size it found (not a change): a change made before that call would be taken for
+#: the starting size, and a loaded machine can make that call late.
 WATCH_STAGE_JS = """
-() => {
+() => new Promise((watching) => {
   window.stageChanges = [];
-  let first = true;  // an observer's first call is the size it found, not a change
+  let first = true;
   new ResizeObserver(() => {
-    if (!first) stageChanges.push(performance.now());
+    if (first) watching();
+    else stageChanges.push(performance.now());
     first = false;
   }).observe(document.getElementById("stage"));
-}
+})
 """
 
 #: the stats panel dragged wider over `steps` displayed frames (the window stays as it is)
