@@ -184,6 +184,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "plain_source": args.plain_source,
         "app": args.app,
         "sandbox": os.environ.get("FARM_SANDBOX", "bwrap"),
+        # the game plays sound (a pulse server and an Opus encode per session) only in its
+        # sandbox: compare the sandbox's cost with FARM_STREAM_AUDIO=0, like for like
+        "audio": _game_has_sound(args.app),
     }
     cpu_sessions = args.max_sessions + 1
     with arm_services(arms, args.plain_source, cpu_sessions, "stream-density-") as services:
@@ -196,13 +199,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def _game_has_sound(app: str) -> bool:
+    """Whether the sessions carry sound: the sandboxed game's, unless FARM_STREAM_AUDIO=0."""
+    sandboxed = os.environ.get("FARM_SANDBOX", "bwrap") != "none"
+    return app == "game" and sandboxed and os.environ.get("FARM_STREAM_AUDIO", "1") != "0"
+
+
 async def run_sessions(
     args: argparse.Namespace,
     opts: Options,
     clients: dict[str, StreamClient],
     figures: dict[str, Any],
 ) -> None:
-    print(f"\n== sessions: {opts.width}x{opts.height}@{opts.fps}, every one >= {args.min_fps} fps")
+    sound = ", with sound" if _game_has_sound(opts.app) else ""
+    print(f"\n== sessions: {opts.width}x{opts.height}@{opts.fps}{sound}, every one >= "
+          f"{args.min_fps} fps")  # fmt: skip
     counts: dict[str, list[int]] = {arm: [] for arm in clients}
     for index in range(args.runs):
         order = list(clients) if index % 2 == 0 else list(reversed(clients))
@@ -286,7 +297,8 @@ def main() -> None:
     parser.add_argument(
         "--app", default="testpattern",
         help="catalog app of each session (game: a sandboxed app in its Xvfb; FARM_SANDBOX=none "
-        "in the environment runs it unsandboxed, the figure before)",
+        "in the environment runs it unsandboxed, the figure before, and without sound: "
+        "FARM_STREAM_AUDIO=0 takes the sandboxed game's sound away too, like for like)",
     )  # fmt: skip
     add_arm_options(parser)
     run_bench(main_async, parser.parse_args())
