@@ -185,6 +185,8 @@ def render(
                 raise QueueError(f"{exc.message}\n{pool.log_tail()}") from exc
             finally:
                 pool.stop(grace_s=0 if done else 5.0)
+                # nothing of this farm outlives the call: no clean shutdown to wait for
+                redis_server.discard()
     finally:
         if keep_dir is not None:
             shutil.copytree(root / "logs", keep_dir, dirs_exist_ok=True)

@@ -225,6 +225,15 @@ class RedisServer(lifetime.ChildHandle):
         if self._socket_path is not None:
             self._socket_path.unlink(missing_ok=True)
 
+    def discard(self) -> None:
+        """Stop the server at once, keeping nothing: for a server whose folder goes next (the
+        embedded farm's). SIGTERM's clean stop waits for Redis's next cron tick (up to 100 ms
+        at its default hz of 10) and fsyncs an AOF that nobody will read."""
+        if self._proc is not None:
+            lifetime.stop(self._proc, STOP_TIMEOUT_S, signal.SIGKILL)
+            self._proc = None
+        self.stop()
+
     def stop(self) -> None:
         """Stop the server and remove its socket; calling it again does nothing."""
         self._stop_process()

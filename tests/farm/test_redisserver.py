@@ -101,6 +101,25 @@ def test_stop_leaves_no_process_and_no_socket(tmp_path: Path) -> None:
     srv.stop()  # a second stop does nothing
 
 
+def test_discard_ends_the_server_at_once_without_a_clean_shutdown(tmp_path: Path) -> None:
+    """The embedded farm's Redis is thrown away with its folder: discard kills it rather than
+    wait for the clean stop (Redis acts on SIGTERM at its next cron tick, up to 100 ms)."""
+    kept, thrown = RedisServer(tmp_path / "kept"), RedisServer(tmp_path / "thrown")
+    for srv in (kept, thrown):
+        srv.start()
+    pids = [kept.pid, thrown.pid]
+    socket_path = Path(thrown.url.removeprefix("unix://"))
+    kept.stop()
+    thrown.discard()
+    assert not any(alive(pid) for pid in pids if pid is not None)
+    assert not socket_path.exists()
+    assert thrown.pid is None
+    thrown.discard()  # a second one does nothing
+    # a clean stop says goodbye in its log; a discarded server had no time to
+    assert "ready to exit" in (tmp_path / "kept" / "redis.log").read_text()
+    assert "ready to exit" not in (tmp_path / "thrown" / "redis.log").read_text()
+
+
 def test_long_work_dir_gets_a_short_socket_path(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     with RedisServer(deep) as srv:
