@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
+from farm import jobstore, queue, submission, workerstate
+from farm.models import InspectionReport
+from farm.storage.local import LocalStorage
 from tests.blendscenes import make_scene
 from tests.farmprocs import WorkerProcess, submit, until, wait_for
 
@@ -86,6 +91,63 @@ def test_sigterm_within_the_grace_period_lets_the_tile_finish_and_commit(
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state == "done", 120)
         assert store.tile_attempt(job_id, 1, 0) == 1 and store.status(job_id).tile_failures == 0
         assert _commits(b) == []
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+
+
+@pytest.mark.parametrize("during", ["child-start", "probe"])
+def test_sigterm_mid_inspection_hands_it_to_another_worker_within_the_grace(
+    redis_url: str, tmp_path: Path, during: str
+) -> None:
+    """An inspection is abandoned when the grace runs out, like a tile: while its child starts
+    (a project's first file on this worker: no second start is tried), or while its probe
+    renders (made to take half a minute here); the worker exits, and the asker gets its report
+    from the next worker."""
+    scene = make_scene(tmp_path / "probe.blend", width=96, height=54, samples=4096)
+    a = WorkerProcess(redis_url, tmp_path, "spot", FARM_STOP_GRACE_S="0.5",
+                      FARM_CPU_THREADS="1", FARM_ESTIMATE_PROBE_S="30")  # fmt: skip
+    b: WorkerProcess | None = None
+    asked: dict[str, object] = {}
+    try:
+        conn = jobstore.connect(a.settings.redis_url)
+        q = queue.RenderQueue(queue.connect(a.settings.redis_url), "cpu")
+        source = LocalStorage(a.settings.storage_dir).put_upload(scene)
+        if during == "probe":
+            # the project's child is started by a first inspection: the next one keeps it
+            submission.inspect(conn, q, source, 120, project="p")
+
+        def ask() -> None:
+            try:
+                asked["report"] = submission.inspect(conn, q, source, 120, project="p",
+                                                     probe=True)  # fmt: skip
+            except Exception as exc:  # the assertion below names it
+                asked["error"] = exc
+
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        registry = workerstate.registry_for(conn, a.settings)
+
+        def inspecting() -> bool:
+            info = registry.get("spot")
+            return info is not None and info.task == "inspection"
+
+        until(inspecting, 60, "worker spot inspecting")
+        a.proc.send_signal(signal.SIGTERM)
+        try:
+            code = a.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the worker sat out its inspection past the grace:\n" + a.log_text())
+        log = a.log_text()
+        assert code == 0, log
+        assert "event=inspection_handed_back" in log
+        assert "event=child_start_failed" not in log, "a stopping worker started Blender again"
+        b = WorkerProcess(redis_url, tmp_path, "next", FARM_ESTIMATE_PROBE_S="0.5")
+        asker.join(120)
+        assert "error" not in asked, asked
+        report = asked["report"]
+        assert isinstance(report, InspectionReport) and report.probe is not None
     finally:
         a.stop()
         if b is not None:

@@ -90,6 +90,9 @@ class BlenderChild(lifetime.ChildHandle):
         self._cancel_why = ""
         self._in_flight = False
         self._lock = threading.Lock()
+        #: the worker gave up its work (``interrupt``): a child killed while starting is then
+        #: not started again
+        self._interrupted = False
         self._log_path: Path | None = None
         self.blender_version: str | None = None
         #: the backend the child renders on ("CPU", "OPTIX", ...), None when no GPU was found
@@ -283,6 +286,8 @@ class BlenderChild(lifetime.ChildHandle):
             except RenderError as exc:  # died, hung, or answered nonsense while starting
                 failures += 1
                 self.kill()
+                if self._interrupted:
+                    raise  # killed on purpose (a stopping worker's grace ran out): no retry
                 log.warning("event=child_start_failed worker=%s attempt=%d of=%d error=%s "
                             "message=%r log=%s", self.name, failures, START_ATTEMPTS, exc.code,
                             exc.message, self._log_path)  # fmt: skip
@@ -324,11 +329,13 @@ class BlenderChild(lifetime.ChildHandle):
         self._cleanup()
 
     def interrupt(self) -> None:
-        """SIGKILL the child from another thread than the one talking to it.
+        """SIGKILL the child from another thread than the one talking to it, for good: a child
+        killed while starting is not replaced (``wait_ready``).
 
         Only the signal: the talking thread sees the reply pipe close, reaps the child and
         closes the pipes itself (closing them here would pull them from under its read).
         """
+        self._interrupted = True
         proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -28,7 +28,7 @@ from farm import (
 )
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
-from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError
+from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError, TileAbandoned
 from farm.jobstore import JobStore
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue, live_worker_names
@@ -218,14 +218,21 @@ def inspect_blend(
     """
     ctx = context()
     src = BlendSource.from_dict(source)
+    # a SIGTERM's grace abandons an inspection (and its probe) as it does a tile's render
+    stopping = ctx.shutdown.rendering() if ctx.shutdown else contextlib.nullcontext()
     try:
-        with ctx.report.activity("inspecting", task="inspection", project=project):
+        with ctx.report.activity("inspecting", task="inspection", project=project), stopping:
             path = ctx.prepare(src, project or None)
             report = ctx.child.inspect(path, ctx.settings.inspect_timeout_s)
             if probe:
                 report = {**report, **_probe(ctx, path, report)}
+        if "probe_error" in report and _stopped(ctx):
+            raise TileAbandoned("the worker stopped during the probe")
         reply: dict[str, Any] = {"ok": True, "report": report}
     except FarmError as exc:
+        if isinstance(exc, TileAbandoned) or _stopped(ctx):
+            _hand_back_inspection(ctx, src, reply_key, project, probe)
+            return
         log.warning("event=inspection_failed worker=%s project=%s sha256=%s error=%s "
                     "message=%r fields=%r", ctx.name, project, src.sha256, exc.code,
                     exc.message, exc.fields)  # fmt: skip
@@ -235,6 +242,23 @@ def inspect_blend(
     pipe.lpush(reply_key, json.dumps(reply))
     pipe.expire(reply_key, 600)
     pipe.execute()
+
+
+def _stopped(ctx: WorkerContext) -> bool:
+    """The worker gave up its work: a SIGTERM's grace ran out (workers.shutdown)."""
+    return ctx.shutdown is not None and ctx.shutdown.abandoned.is_set()
+
+
+def _hand_back_inspection(
+    ctx: WorkerContext, src: BlendSource, reply_key: str, project: str, probe: bool
+) -> None:
+    """Queue the inspection again, at the front, for another worker of the device class to
+    answer the same asker (who waits on ``reply_key`` until its own deadline): a stopping
+    worker's inspection costs its asker the time spent, never a failed submission."""
+    timeout_s = ctx.settings.inspect_timeout_s * (2 if probe else 1)
+    ctx.queue.enqueue_inspection(src, reply_key, timeout_s, project, probe)
+    log.warning("event=inspection_handed_back worker=%s project=%s why=stopping", ctx.name,
+                project)  # fmt: skip
 
 
 def _probe(ctx: WorkerContext, path: Path, report: dict[str, Any]) -> dict[str, Any]:
