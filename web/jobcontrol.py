@@ -155,12 +155,13 @@ async def project_events(request: web.Request) -> web.StreamResponse:
     if not streams:
         raise BadParameter("you are in no project: there is nothing to follow")
     resp = await sse_response(request)
-    await resp.write(b": connected\n\n")
-    # "$" means: what comes after the feed's last entry now (one id per project from here on)
-    for key in streams:
-        last = await blocking(request.app, guard, conn.xrevrange, key, count=1)
-        streams[key] = str(last[0][0]) if last else "0"
     try:
+        # a page that left at once is gone by this first write: the same end as a later one
+        await resp.write(b": connected\n\n")
+        # "$" means: what comes after the feed's last entry now (one id per project from here)
+        for key in streams:
+            last = await blocking(request.app, guard, conn.xrevrange, key, count=1)
+            streams[key] = str(last[0][0]) if last else "0"
         while True:
             batch_ = await waiting(request.app, read_feed, conn, dict(streams), BLOCK_MS)
             for key, eid, fields in batch_:
