@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from rq import Queue, SimpleWorker, Worker
-from rq.exceptions import DequeueTimeout
+from rq.exceptions import DequeueTimeout, StopRequested
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.utils import as_text, now
@@ -453,7 +453,7 @@ class _FarmWorker(SimpleWorker):
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
         if self.may_take is not None and not self.may_take():
-            # idle, so a stop signal meanwhile raises StopRequested (rq's _shutdown)
+            # idle, so a stop signal meanwhile raises StopRequested (_farm_stop)
             self.set_state(WorkerStatus.IDLE)
             self.procline("disabled by an operator: taking no tasks")  # type: ignore[no-untyped-call]
             while not self.may_take():
@@ -468,13 +468,18 @@ class _FarmWorker(SimpleWorker):
         signal.signal(signal.SIGTERM, self._farm_stop)
 
     def _farm_stop(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler: flags only. It runs between any two bytecodes of the main
+        thread, which may hold the lock of the Redis pool's queue at that moment, so rq's own
+        (`_shutdown`, which writes the request's date to Redis) could wait on itself for ever."""
         first = not self._stop_requested and self._shutdown_requested_date is None
         if self.on_signal is not None:
             self.on_signal(signum)
         if first:
             self._shutdown_requested_date = now()
-            # raises StopRequested when idle; when busy, stops after the current task
-            self._shutdown()  # type: ignore[no-untyped-call]
+            # the loop stops before its next take, even where an idle wait swallowed the raise
+            self._stop_requested = True
+            if self.get_state() != WorkerStatus.BUSY:
+                raise StopRequested()  # out of an idle take now
 
 
 def run_worker(

@@ -27,7 +27,15 @@ class _Interruptible(Protocol):
 
 
 class Shutdown:
-    """The stop state of one worker process, shared by the signal handler and the tile."""
+    """The stop state of one worker process, shared by the signal handler and the tile.
+
+    The signal handler only records the signal (``on_signal``): it runs between any two
+    bytecodes of the main thread, which may at that moment hold a lock that Redis's connection
+    pool, a log file or thread start-up needs, so a handler that logged, wrote to Redis or
+    started a timer could wait on its own thread for ever (a worker once sat 30 s past its
+    SIGTERM). A watcher thread of its own does the rest: the log line, the grace period, the
+    abandonment.
+    """
 
     def __init__(self, child: _Interruptible, grace_s: float) -> None:
         self.child = child
@@ -36,19 +44,32 @@ class Shutdown:
         self.abandoned = threading.Event()
         self._lock = threading.Lock()
         self._rendering = False
-        self._timer: threading.Timer | None = None
+        #: the signals received, by name; appended by the handler (an atomic append)
+        self._signals: list[str] = []
+        #: set by the handler only: nothing else takes its lock, so the handler never waits
+        self._signalled = threading.Event()
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="shutdown", daemon=True)
+        self._watcher.start()
 
     def on_signal(self, signum: int) -> None:
-        """Called by the worker's signal handler (main thread), once per signal."""
-        name = signal.Signals(signum).name
-        if not self.requested.is_set():
-            self.requested.set()
-            log.warning("event=worker_stopping signal=%s grace_s=%g", name, self.grace_s)
-            self._timer = threading.Timer(self.grace_s, self.abandon, kwargs={"why": "grace"})
-            self._timer.daemon = True
-            self._timer.start()
-        else:
-            self.abandon(why=f"second {name}")
+        """Called by the worker's signal handler (main thread), once per signal: records it."""
+        self._signals.append(signal.Signals(signum).name)
+        self._signalled.set()
+
+    def _watch(self) -> None:
+        self._signalled.wait()
+        self._signalled.clear()
+        if self._closed.is_set():
+            return
+        self.requested.set()
+        log.warning("event=worker_stopping signal=%s grace_s=%g", self._signals[0], self.grace_s)
+        if len(self._signals) < 2:
+            self._signalled.wait(self.grace_s)
+        if self._closed.is_set():
+            return
+        second = self._signals[1:]
+        self.abandon(why=f"second {second[0]}" if second else "grace")
 
     def abandon(self, why: str = "grace") -> None:
         """Give up the tile being rendered (if any): kill the child so the render returns now."""
@@ -78,5 +99,5 @@ class Shutdown:
                 self._rendering = False
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        """The worker is done: a grace running out from now on abandons nothing."""
+        self._closed.set()
