@@ -46,7 +46,8 @@ class Shutdown:
         self._rendering = False
         #: the signals received, by name; appended by the handler (an atomic append)
         self._signals: list[str] = []
-        #: set by the handler only: nothing else takes its lock, so the handler never waits
+        #: set by the handler, waited on and cleared by the watcher: the main thread's own code
+        #: never takes its lock, so the handler waits at most for the watcher's moment
         self._signalled = threading.Event()
         self._closed = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="shutdown", daemon=True)
