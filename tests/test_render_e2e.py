@@ -14,12 +14,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from farm import embedded, submission
+from farm import embedded, jobstore, queue, submission
+from farm.accept import accept
 from farm.errors import JobFailed, MissingFiles
 from farm.settings import Settings
+from farm.storage.local import LocalStorage
 from tests.blendscenes import make_scene
 from tests.conftest import TESTDATA
-from tests.farmprocs import WorkerProcess, submit, wait_for
+from tests.farmprocs import WorkerProcess, submit, until, wait_for
 from workers import exr
 from workers.child import BlenderChild
 
@@ -210,3 +212,34 @@ def test_a_failed_job_raises_with_the_reason_from_the_embedded_farm(
         embedded.render(settings, slow_scene, req, 1, io.StringIO())
     assert "failed after 1 attempt(s)" in err.value.message
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_a_blender_child_killed_while_converting_a_frame_costs_a_conversion_not_the_job(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The frame's tiles are all there: its files are made again by a fresh child (the short
+    chaos run once saw such a kill fail the job). A large frame keeps the child converting long
+    enough for the test to kill it there, found by the child's log."""
+    scene = make_scene(tmp_path / "large.blend", width=2000, height=2000, samples=1)
+    w = WorkerProcess(redis_url, tmp_path)
+    try:
+        store = jobstore.JobStore(jobstore.connect(w.settings.redis_url), w.settings.lease_ttl_s)
+        q = queue.RenderQueue(queue.connect(w.settings.redis_url), "cpu")
+        source = LocalStorage(w.settings.storage_dir).put_upload(scene)
+        req = submission.RenderRequest(output=tmp_path / "o", formats="png", tiles="1x1")
+        job_id = accept(w.settings, store, q, req, source, inspect_timeout_s=120).job_id
+
+        def converting() -> bool:
+            logs = w.settings.work_dir.glob("*-logs/*.log")
+            return any("event=convert" in p.read_text(errors="replace") for p in logs)
+
+        until(converting, 120, "the child converting the frame")
+        os.kill(w.blender_pid(), signal.SIGKILL)
+        wait_for(store, job_id, lambda e: e.type == "job_state" and e.state in ("done", "failed"))
+        status = store.status(job_id)
+        assert status.state == "done", status.reason
+        assert "event=assembly_child_crashed" in w.log_text()
+        assert status.tile_failures == 0
+        assert (tmp_path / "o" / "frame_0001.png").stat().st_size > 0
+    finally:
+        w.stop()

@@ -28,7 +28,14 @@ from farm import (
 )
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
-from farm.errors import FarmError, LeaseLost, NoCapacity, RenderError, TileAbandoned
+from farm.errors import (
+    BlenderCrashed,
+    FarmError,
+    LeaseLost,
+    NoCapacity,
+    RenderError,
+    TileAbandoned,
+)
 from farm.jobstore import JobStore
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue, live_worker_names
@@ -697,9 +704,7 @@ def _assemble(
             for i, a in enumerate(attempts)
         ]  # fmt: skip
         # stitch (or merge a sample split), denoise once, write the formats (workers.stillmodes)
-        files, still = stillmodes.frame_files(spec, frame, outputs, ctx.child,
-                                              ctx.prepare(spec.source, spec.project), work,
-                                              ctx.settings.inspect_timeout_s)  # fmt: skip
+        files, still = _frame_files(ctx, spec, job_id, frame, outputs, work)
         video = _keep_preview(ctx, spec, job_id, frame, still, work, keep=lease.check)
         if video is not None:
             files.append(video)
@@ -710,6 +715,30 @@ def _assemble(
         )  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+#: times a frame's files are made again when the Blender child died making them (killed from
+#: outside: out of memory on a busy host, an operator); a file that crashes it every time still
+#: fails its job, saying so
+ASSEMBLY_CRASH_RETRIES = 2
+
+
+def _frame_files(
+    ctx: WorkerContext, spec: JobSpec, job_id: str, frame: int, outputs: list[Path], work: Path
+) -> tuple[list[Path], Path | None]:
+    """``stillmodes.frame_files``, again with a fresh child where the child died meanwhile:
+    the frame's tiles are all there, so a crash costs a conversion, never the job."""
+    for crashes in range(ASSEMBLY_CRASH_RETRIES + 1):
+        try:
+            return stillmodes.frame_files(spec, frame, outputs, ctx.child,
+                                          ctx.prepare(spec.source, spec.project), work,
+                                          ctx.settings.inspect_timeout_s)  # fmt: skip
+        except BlenderCrashed as exc:
+            if crashes == ASSEMBLY_CRASH_RETRIES:
+                raise
+            log.warning("event=assembly_child_crashed job=%s frame=%d crashes=%d error=%r",
+                        job_id, frame, crashes + 1, exc.message)  # fmt: skip
+    raise AssertionError("unreachable")
 
 
 def _keep_preview(

@@ -101,7 +101,7 @@ def test_a_crashing_job_fails_with_reasons_that_name_no_server_detail(
         log = storage.read_bytes(tile_log_key(job_id, 1, 0, 1)).decode()
         assert "cause: " in log and "reason: " in log and "error: " in log
         if crashed:
-            assert "SIGSEGV" in log and "Blender's log" in log and str(w.settings.work_dir) in log
+            assert "SIGSEGV" in log and "Blender's log" in log and str(w.settings.work_dir) in log, log
     finally:
         w.stop()
 

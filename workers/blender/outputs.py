@@ -27,6 +27,7 @@ def convert(session: Session, req: dict[str, Any]) -> dict[str, Any]:
     ``exr_in`` is the linear RGBA frame; ``layers_in`` (the stitched multilayer EXR of every
     pass) is what the compositor reads in place of its Render Layers nodes.
     """
+    log("convert", frame=req.get("frame"), outputs=len(req["outputs"]))
     session.open(req["path"], req.get("root"))
     scene = bpy.context.scene
     tree = compositor.final_tree(scene, session.saved)
