@@ -100,8 +100,10 @@ def test_a_crashing_job_fails_with_reasons_that_name_no_server_detail(
         # the whole story is in the tile's own log, stored with the job
         log = storage.read_bytes(tile_log_key(job_id, 1, 0, 1)).decode()
         assert "cause: " in log and "reason: " in log and "error: " in log
-        if crashed:
-            assert "SIGSEGV" in log and "Blender's log" in log and str(w.settings.work_dir) in log, log
+        # attempt 1's own outcome: the heap decides it anew for each attempt, so the job's
+        # reason (its last attempt's) may say the other (seen in a full run)
+        if "Blender crashed (SIGSEGV" in log:
+            assert "Blender's log" in log and str(w.settings.work_dir) in log, log
     finally:
         w.stop()
 
