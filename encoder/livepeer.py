@@ -16,10 +16,9 @@ from typing import Any, Protocol
 import av
 import numpy as np
 import numpy.typing as npt
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from encoder.peers import take_offer
+from encoder.peers import PeerEndsOnce, peer_connection, take_offer
 
 log = logging.getLogger("tessera.live.webrtc")
 
@@ -78,7 +77,7 @@ class PictureTrack(MediaStreamTrack):
         self.changed.set()
 
 
-class PreviewPeer:
+class PreviewPeer(PeerEndsOnce):
     """One viewer's peer connection, sending ``track``; ``on_closed`` once it fails or ends."""
 
     def __init__(
@@ -89,10 +88,7 @@ class PreviewPeer:
     ) -> None:
         self.track = track
         self.on_closed = on_closed
-        self.pc = RTCPeerConnection(
-            RTCConfiguration(iceServers=[RTCIceServer(**server) for server in ice_servers])
-        )
-        self._closed = False
+        self.pc = peer_connection(ice_servers)
         self.pc.on("connectionstatechange", self._on_state)
 
     @property
@@ -105,15 +101,6 @@ class PreviewPeer:
         await take_offer(self.pc, transceiver, offer_sdp)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
-
-    async def _on_state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
-            self._notify_closed()
-
-    def _notify_closed(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.on_closed(self)
 
     async def close(self) -> None:
         self.track.stop()

@@ -111,7 +111,32 @@ class PacketTrack(MediaStreamTrack):
         self._ready.set()
 
 
-class Viewer:
+def peer_connection(ice_servers: list[dict[str, Any]]) -> RTCPeerConnection:
+    """A peer connection for one viewer, with the farm's STUN/TURN servers."""
+    return RTCPeerConnection(
+        RTCConfiguration(iceServers=[RTCIceServer(**server) for server in ice_servers])
+    )
+
+
+class PeerEndsOnce:
+    """A viewer's peer whose owner hears of its end once (``on_closed``), whether its
+    connection failed, closed, or the peer was told to go."""
+
+    pc: RTCPeerConnection
+    on_closed: Callable[[Any], None]
+    _closed = False
+
+    async def _on_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self._notify_closed()
+
+    def _notify_closed(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.on_closed(self)
+
+
+class Viewer(PeerEndsOnce):
     """One viewer's peer connection: the video sender, and the ``input`` data channel."""
 
     def __init__(
@@ -134,13 +159,10 @@ class Viewer:
         self.on_bitrate_estimate = on_bitrate_estimate
         self.on_message, self.on_closed = on_message, on_closed
         self.track = PacketTrack(on_keyframe_request, max(MAX_PENDING_FRAMES, fps // 4))
-        self.pc = RTCPeerConnection(
-            RTCConfiguration(iceServers=[RTCIceServer(**server) for server in ice_servers])
-        )
+        self.pc = peer_connection(ice_servers)
         self.channel: RTCDataChannel | None = None
         self.estimate_bps: int | None = None
         self.keyframe_requests = 0
-        self._closed = False
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_state)
 
@@ -183,15 +205,6 @@ class Viewer:
     def send(self, message: dict[str, Any]) -> None:
         if self.channel is not None and self.channel.readyState == "open":
             self.channel.send(json.dumps(message))
-
-    async def _on_state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
-            self._notify_closed()
-
-    def _notify_closed(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.on_closed(self)
 
     def keyframe_requested(self) -> None:
         self.keyframe_requests += 1
