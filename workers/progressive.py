@@ -83,17 +83,10 @@ def render_in_passes(
             started = time.monotonic()
             check()
             part = out_path.with_name(f"{stem}.pass{number}.exr")
-            result = child.render(
-                blend,
-                frame=task.frame,
-                width=spec.width,
-                height=spec.height,
-                rect=stillmodes.task_rect(spec, task.index),
-                samples=spec.samples,
-                out_path=part,
-                timeout_s=max(1.0, deadline - time.monotonic()),
-                options={**options, "sample_subset": [offset, count]},
-            )
+            result = stillmodes.render_task(
+                child, blend, spec, task, part, max(1.0, deadline - time.monotonic()),
+                {**options, "sample_subset": [offset, count]},
+            )  # fmt: skip
             render_s += float(result.get("render_s") or 0.0)
             peak = max(peak, float(result.get("peak_memory_mib") or 0.0))
             parts.append((_read(part, spec.layered), count))

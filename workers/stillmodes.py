@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import RenderError
-from farm.models import OUTPUT_FORMATS, SAMPLE_SPLIT, JobSpec
+from farm.models import OUTPUT_FORMATS, SAMPLE_SPLIT, JobSpec, TileTask
 from farm.storage import layout
 from farm.storage.base import Storage
 from farm.storage.layout import frame_file_name
@@ -31,6 +31,30 @@ def task_rect(spec: JobSpec, index: int) -> Rect | None:
     plan = plan_tiles(spec.width, spec.height, TileGrid.parse(spec.tiles), spec.overlap_px)[index]
     r = plan.render
     return None if (r.x0, r.y0, r.x1, r.y1) == (0, 0, spec.width, spec.height) else r
+
+
+def render_task(
+    child: BlenderChild,
+    blend: Path,
+    spec: JobSpec,
+    task: TileTask,
+    out_path: Path,
+    timeout_s: float,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Render ``task`` of ``spec`` into ``out_path``: its frame at the job's size and samples,
+    its pixels (``task_rect``), with ``options`` (``task_options`` when None)."""
+    return child.render(
+        blend,
+        frame=task.frame,
+        width=spec.width,
+        height=spec.height,
+        rect=task_rect(spec, task.index),
+        samples=spec.samples,
+        out_path=out_path,
+        timeout_s=timeout_s,
+        options=task_options(spec, task.index) if options is None else options,
+    )
 
 
 def task_options(spec: JobSpec, index: int) -> dict[str, Any]:

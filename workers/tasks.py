@@ -374,17 +374,8 @@ def _render_leased(ctx: WorkerContext, spec: JobSpec, task: TileTask, lease: Lea
                     ctx.settings.live_preview_budget,
                 )  # fmt: skip
             else:
-                result = ctx.child.render(
-                    blend,
-                    frame=task.frame,
-                    width=spec.width,
-                    height=spec.height,
-                    rect=stillmodes.task_rect(spec, task.index),
-                    samples=spec.samples,
-                    out_path=scratch,
-                    timeout_s=spec.tile_timeout_s,
-                    options=stillmodes.task_options(spec, task.index),
-                )
+                result = stillmodes.render_task(ctx.child, blend, spec, task, scratch,
+                                                spec.tile_timeout_s)  # fmt: skip
         if renewal.lost is not None:
             # found lost once Blender had finished: the child is kept, the result dropped
             raise LeaseLost(f"lease lost after the render: {renewal.lost}")
