@@ -1,8 +1,11 @@
 """What the farm costs over plain Blender: one multi-frame job rendered three ways in one run.
 
-(a) one plain bpy process rendering the frames in sequence (the baseline);
+(a) one plain bpy process rendering the frames in sequence to EXR (the baseline);
 (b) the embedded farm (`farm render`): private redis-server, 1 worker, 2x2 tiles, persistent
-    Blender child, stitching;
+    Blender child, stitching, delivering the same EXR frames (like for like: without the MP4
+    preview of the animation, which plain Blender does not make);
+(bp) the same farm job as a user gets it by default, with its MP4 preview (a colour-managed
+    8-bit still per frame made by the Blender child, then the MP4): the preview's own cost;
 (c) what most farms do: a fresh Blender process per tile, then the same stitching.
 
 The farm's Blender child runs in its sandbox (FARM_SANDBOX, bwrap unless set to none); with
@@ -18,7 +21,8 @@ ways:
 all-in, (b - a) / tiles, which spreads the farm's fixed start-up (redis-server, worker, Blender
 child, inspection) over the tiles; and marginal, (b - b1) / (tiles - frames), where b1 is the
 same farm job with 1x1 tiles in the same run, which is what one more tile costs. Medians and
-spreads over --runs repetitions, then one JSON line with every figure.
+spreads over --runs repetitions, then one JSON line with every figure. A farm run counts only
+when every frame reached the output folder (and, for (bp), the MP4).
 
     python bench/render_overhead.py [--scene farm/examples/example.blend] [--frames 1-4] [--runs 3]
         [--unsandboxed] [--switches 5]
@@ -130,10 +134,17 @@ def run_plain(scene: Path, frames: list[int], tmp: Path, samples: int) -> float:
 
 
 def run_farm(
-    scene: Path, frames: list[int], tmp: Path, tiles: str, samples: int, sandbox: str = ""
+    scene: Path,
+    frames: list[int],
+    tmp: Path,
+    tiles: str,
+    samples: int,
+    sandbox: str = "",
+    preview: bool = False,
 ) -> tuple[float, int, float]:
     """Seconds of one `farm render`, the Blender children its worker started, and the seconds
-    its first task (the inspection) took on the worker, as rq logs it."""
+    its first task (the inspection) took on the worker, as rq logs it. Raises unless every
+    frame (and with ``preview`` the MP4) was delivered."""
     settings = Settings().with_(storage_dir=tmp / "storage", work_dir=tmp / "work")
     if sandbox:
         settings = settings.with_(sandbox=sandbox)
@@ -143,10 +154,15 @@ def run_farm(
         tiles=tiles,
         formats="exr",
         samples=samples or None,
+        preview=preview,
     )
     t0 = time.perf_counter()
     embedded.render(settings, scene, req, 1, io.StringIO(), keep_dir=tmp / "logs")
     seconds = time.perf_counter() - t0
+    wanted = [f"frame_{f:04d}.exr" for f in frames] + (["preview.mp4"] if preview else [])
+    missing = [name for name in wanted if not (tmp / "out" / name).is_file()]
+    if missing:
+        raise SystemExit(f"the farm run delivered no {', '.join(missing)}: it does not count")
     # the worker starts one child; each switch to the job's files starts another
     text = "".join(p.read_text(errors="replace") for p in (tmp / "logs").glob("*.log"))
     first = FIRST_TASK.search(text)
@@ -234,13 +250,13 @@ def main() -> None:
     size = scene_size(args.scene)
     n_tiles = len(frames) * TileGrid.parse(args.tiles).count
     n_frames = len(frames)
-    a, b, b0, b1, c, overhead_ms, marginal_ms = [], [], [], [], [], [], []
+    a, b, bp, b0, b1, c, overhead_ms, marginal_ms = [], [], [], [], [], [], [], []
     children: list[float] = []
     first_task: list[float] = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            for sub in ("a", "b", "b0", "b1", "c"):
+            for sub in ("a", "b", "bp", "b0", "b1", "c"):
                 (tmp / sub).mkdir()
             n = args.samples
             a.append(run_plain(args.scene, frames, tmp / "a", n))
@@ -248,6 +264,7 @@ def main() -> None:
             b.append(seconds)
             children.append(started)
             first_task.append(first_s)
+            bp.append(run_farm(args.scene, frames, tmp / "bp", args.tiles, n, preview=True)[0])
             if args.unsandboxed:
                 b0.append(run_farm(args.scene, frames, tmp / "b0", args.tiles, n, "none")[0])
             b1.append(run_farm(args.scene, frames, tmp / "b1", "1x1", n)[0])
@@ -255,7 +272,8 @@ def main() -> None:
         overhead_ms.append((b[-1] - a[-1]) / n_tiles * 1000)
         marginal_ms.append((b[-1] - b1[-1]) / max(1, n_tiles - n_frames) * 1000)
         print(
-            f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, farm 1x1 {b1[-1]:.2f} s, "
+            f"run {run + 1}: plain {a[-1]:.2f} s, farm {b[-1]:.2f} s, with the MP4 preview "
+            f"{bp[-1]:.2f} s, farm 1x1 {b1[-1]:.2f} s, "
             f"process per tile {c[-1]:.2f} s",
             flush=True,
         )
@@ -276,6 +294,14 @@ def main() -> None:
         f"[{min(ratio_b):.3f} .. {max(ratio_b):.3f}]; Blender children started per command: "
         f"{', '.join(str(int(k)) for k in children)}; first task (inspection) "
         f"{statistics.median(first_task):.3f} s [{min(first_task):.3f} .. {max(first_task):.3f}]"
+    )
+    preview_s = [y - x for x, y in zip(b, bp, strict=True)]
+    print(
+        f"(bp) farm + MP4 preview median {statistics.median(bp):6.2f} s  "
+        f"[{min(bp):.2f} .. {max(bp):.2f}]  bp/a "
+        f"{statistics.median([y / x for x, y in zip(a, bp, strict=True)]):.3f}; the preview "
+        f"costs bp-b {statistics.median(preview_s):.2f} s per command "
+        f"[{min(preview_s):.2f} .. {max(preview_s):.2f}]"
     )
     print(
         f"(c) process per tile   median {statistics.median(c):7.2f} s  "
@@ -330,6 +356,8 @@ def main() -> None:
                 "runs": args.runs,
                 "plain_s": spread(a),
                 "farm_s": spread(b),
+                "farm_with_preview_s": spread(bp),
+                "preview_cost_s": spread(preview_s),
                 "farm_blender_children": spread(children),
                 "farm_first_task_s": spread(first_task),
                 "process_per_tile_s": spread(c),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import DequeueTimeout, StopRequested
@@ -28,6 +28,9 @@ from farm import keys, redisclient
 from farm.models import BlendSource, TileTask
 from farm.redisclient import Redis, guard
 from farm.tags import band_suffix
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
 
 TILE_TASK = "workers.tasks.render_tile"
 ASSEMBLE_TASK = "workers.tasks.assemble_frame"
@@ -462,6 +465,16 @@ class _FarmWorker(SimpleWorker):
                 self.heartbeat()
                 time.sleep(HOLD_POLL_S)
         return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        """rq's heartbeat (the registration's date and two expiries) in one round trip, not
+        three: the worker beats twice around every take, a fifth of a tile's Redis calls."""
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(timeout, pipeline=pipe)
+            pipe.execute()
 
     def _install_signal_handlers(self) -> None:
         signal.signal(signal.SIGINT, self._farm_stop)
