@@ -194,7 +194,7 @@ async def measure_browser(client: StreamClient, browser: Any, opts: Options) -> 
         try:
             await page.goto(f"{client.base_url}/player?session={sid}&token={operator()}")
             await page.wait_for_function(
-                "window.tessera && tessera.frameWidth > 0", timeout=opts.timeout_s * 1000
+                "() => window.tessera && tessera.frameWidth > 0", timeout=opts.timeout_s * 1000
             )
             rows = await asyncio.wait_for(
                 page.evaluate(PROBE_JS, [opts.frames, opts.warmup]), opts.timeout_s

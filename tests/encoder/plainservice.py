@@ -285,6 +285,8 @@ def create_app(pull: bool = False) -> web.Application:
     app.router.add_get("/player", static_file("player.html"))
     app.router.add_get("/player.js", static_file("player.js"))
     app.router.add_get("/player.css", static_file("player.css"))
+    # the player's modules (its request helper) load from /static/
+    app.router.add_get("/static/request.js", static_file("request.js"))
     app.on_shutdown.append(close_sessions)
     return app
 
