@@ -24,6 +24,7 @@ from aiortc.rtp import RTCP_PSFB_APP, RTCP_PSFB_FIR, RTCP_PSFB_PLI, RtcpPsfbPack
 
 from encoder import playoutdelay
 from encoder.audio import AudioTrack
+from encoder.pacer import Pacer, pace
 from encoder.videoencoder import Packet
 from farm.errors import BadParameter
 
@@ -151,8 +152,12 @@ class Viewer(PeerEndsOnce):
         on_closed: Callable[[Viewer], None],
         fps: int = 30,
         audio: AudioTrack | None = None,
+        bitrate: Callable[[], int] | None = None,
     ) -> None:
         self.id, self.role, self.name = viewer_id, role, name
+        #: the encoder's bitrate now: the pace of a keyframe's burst (encoder/pacer.py)
+        self.bitrate, self.fps = bitrate, fps
+        self.pacer: Pacer | None = None
         #: the session's sound (encoder/audio.py), sent where the offer has an audio section
         self.audio = audio
         self.on_keyframe_request = on_keyframe_request
@@ -184,6 +189,8 @@ class Viewer(PeerEndsOnce):
             )
         await take_offer(self.pc, transceiver, offer_sdp)
         _route_rtcp(transceiver.sender, self)
+        if self.bitrate is not None:
+            self.pacer = pace(transceiver.sender.transport, self.bitrate, self.fps)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
 

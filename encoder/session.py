@@ -365,6 +365,7 @@ class StreamSession:
             on_closed=_weak(self._viewer_closed),
             fps=self.app.fps,
             audio=self.audio.track() if self.audio is not None else None,
+            bitrate=_weak(self.sent_bitrate),
         )
         try:
             answer = await viewer.answer(offer_sdp)
@@ -537,6 +538,12 @@ class StreamSession:
     def request_keyframe(self) -> None:
         if self.pipeline is not None:
             self.pipeline.request_keyframe()
+
+    def sent_bitrate(self) -> int:
+        """The video bitrate the encoder produces now (bit/s): the pace of viewers' bursts."""
+        if self.pipeline is None:
+            return self.settings.stream_min_kbps * 1000
+        return self.pipeline.encoder.bitrate_bps
 
     def _estimated(self, viewer: Viewer | WsViewer, bps: int) -> None:
         self._apply_estimates()
