@@ -23,14 +23,14 @@ def test_a_heartbeat_is_one_round_trip_and_writes_what_rqs_does(
     try:
         worker = _FarmWorker([Queue(keys.render_queue("cpu"), connection=conn)],
                              connection=conn, name="heartbeat")  # fmt: skip
-        worker.register_birth()
+        worker.register_birth()  # type: ignore[no-untyped-call]
         conn.hset(worker.executions_key, "x", "1")  # an expiry needs a key to land on
         sent: list[int] = []
         real = AbstractConnection.send_packed_command
 
         def counted(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
             sent.append(1)
-            real(self, command, check_health)
+            real(self, command, check_health)  # type: ignore[no-untyped-call]
 
         monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
         worker.heartbeat(timeout=123)
