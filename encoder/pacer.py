@@ -22,6 +22,10 @@ PACE_FACTOR = 2.5
 BURST_FRAMES = 2.0
 #: the bucket never holds less than this, whatever the bitrate (a few full-size packets)
 MIN_BURST_BYTES = 8 * 1200
+#: the longest a burst is held back in all: beyond it the rest leaves at once. A sender held
+#: for a quarter second drops its waiting frames and asks for a keyframe (peers.PacketTrack),
+#: which a pace slower than this would turn into a keyframe every quarter second.
+MAX_HOLD_S = 0.15
 
 
 class Pacer:
@@ -38,6 +42,8 @@ class Pacer:
         self._lock = asyncio.Lock()  # packets leave in the order they came
         self._tokens: float | None = None
         self._last = 0.0
+        #: when the burst being paced was first held (None: nothing held)
+        self._holding_since: float | None = None
         #: packets that waited, and the seconds they waited in all (the session's stats)
         self.held = 0
         self.held_s = 0.0
@@ -64,13 +70,21 @@ class Pacer:
     async def send(self, data: bytes) -> None:
         async with self._lock:
             wait = self.wait_s(len(data))
-            if wait > 0:
-                self.held += 1
-                self.held_s += wait
-                await asyncio.sleep(wait)
-                self._refill()
+            if wait <= 0:
+                self._holding_since = None
+            else:
+                now = self._clock()
+                if self._holding_since is None:
+                    self._holding_since = now
+                wait = min(wait, self._holding_since + MAX_HOLD_S - now)
+                if wait > 0:
+                    self.held += 1
+                    self.held_s += wait
+                    await asyncio.sleep(wait)
+            _, size = self._refill()
             assert self._tokens is not None
-            self._tokens -= len(data)
+            # past MAX_HOLD_S the packet goes anyway; the debt is at most one bucket
+            self._tokens = max(-size, self._tokens - len(data))
             await self._send(data)
 
 

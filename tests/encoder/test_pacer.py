@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from encoder.pacer import BURST_FRAMES, PACE_FACTOR, Pacer, pace
+from encoder.pacer import BURST_FRAMES, MAX_HOLD_S, PACE_FACTOR, Pacer, pace
 
 PACKET = 1200
 BITRATE = 1_000_000  # bit/s
@@ -70,5 +70,25 @@ def test_concurrent_senders_keep_their_order_behind_a_paced_burst() -> None:
         await burst
         assert transport.sent[-1][1] == b"sound"
         assert len(transport.sent) == 41
+
+    asyncio.run(run())
+
+
+def test_no_burst_is_held_longer_than_the_hold_limit() -> None:
+    """At a low bitrate a keyframe paced to the end would hold the sender past the quarter
+    second after which it drops its frames and asks for another keyframe: a keyframe every
+    quarter second. The pacer holds a burst MAX_HOLD_S at most; the rest leaves at once."""
+
+    async def run() -> None:
+        transport = _Transport()
+        pacer = pace(transport, lambda: 500_000, FPS)
+        burst = _packets(170, 4)  # 204 KB: 1.3 s at 2.5x 500 kbit/s
+        t0 = time.monotonic()
+        for p in burst:
+            await transport._send_rtp(p)
+        took = time.monotonic() - t0
+        assert pacer.held > 0
+        assert MAX_HOLD_S * 0.8 <= took <= MAX_HOLD_S + 0.1, took
+        assert [d for _, d in transport.sent] == burst
 
     asyncio.run(run())
