@@ -44,7 +44,7 @@ class Pacer:
         self._last = 0.0
         #: when the burst being paced was first held (None: nothing held)
         self._holding_since: float | None = None
-        #: packets that waited, and the seconds they waited in all (the session's stats)
+        #: packets that waited, and the seconds they waited in all (the viewer's JSON shows them)
         self.held = 0
         self.held_s = 0.0
 

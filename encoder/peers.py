@@ -251,6 +251,9 @@ class Viewer(PeerEndsOnce):
             "catch_ups": self.track.catch_ups,
             "keyframe_requests": self.keyframe_requests,
             "estimate_kbps": (self.estimate_bps or 0) // 1000,
+            # packets the pacer held back (a keyframe's burst), and for how long in all
+            "paced_packets": self.pacer.held if self.pacer is not None else 0,
+            "paced_ms": round(self.pacer.held_s * 1000) if self.pacer is not None else 0,
         }
 
 
