@@ -61,19 +61,15 @@ class Pacer:
         self._last = now
         return rate, size
 
-    def wait_s(self, size: int) -> float:
-        """Seconds a packet of ``size`` bytes must wait now (0 when the bucket holds it)."""
-        rate, _ = self._refill()
-        assert self._tokens is not None
-        return max(0.0, (size - self._tokens) / rate)
-
     async def send(self, data: bytes) -> None:
         async with self._lock:
-            wait = self.wait_s(len(data))
+            rate, size = self._refill()
+            assert self._tokens is not None
+            wait = (len(data) - self._tokens) / rate
             if wait <= 0:
                 self._holding_since = None
             else:
-                now = self._clock()
+                now = self._last  # the refill's clock reading
                 if self._holding_since is None:
                     self._holding_since = now
                 wait = min(wait, self._holding_since + MAX_HOLD_S - now)
@@ -81,8 +77,7 @@ class Pacer:
                     self.held += 1
                     self.held_s += wait
                     await asyncio.sleep(wait)
-            _, size = self._refill()
-            assert self._tokens is not None
+                    _, size = self._refill()
             # past MAX_HOLD_S the packet goes anyway; the debt is at most one bucket
             self._tokens = max(-size, self._tokens - len(data))
             await self._send(data)

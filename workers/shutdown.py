@@ -69,8 +69,7 @@ class Shutdown:
             self._signalled.wait(self.grace_s)
         if self._closed.is_set():
             return
-        second = self._signals[1:]
-        self.abandon(why=f"second {second[0]}" if second else "grace")
+        self.abandon(why=f"second {self._signals[1]}" if len(self._signals) > 1 else "grace")
 
     def abandon(self, why: str = "grace") -> None:
         """Give up the tile being rendered (if any): kill the child so the render returns now."""

@@ -719,17 +719,18 @@ def _frame_files(
 ) -> tuple[list[Path], Path | None]:
     """``stillmodes.frame_files``, again with a fresh child where the child died meanwhile:
     the frame's tiles are all there, so a crash costs a conversion, never the job."""
-    for crashes in range(ASSEMBLY_CRASH_RETRIES + 1):
+    crashes = 0
+    while True:
         try:
             return stillmodes.frame_files(spec, frame, outputs, ctx.child,
                                           ctx.prepare(spec.source, spec.project), work,
                                           ctx.settings.inspect_timeout_s)  # fmt: skip
         except BlenderCrashed as exc:
-            if crashes == ASSEMBLY_CRASH_RETRIES:
+            crashes += 1
+            if crashes > ASSEMBLY_CRASH_RETRIES:
                 raise
             log.warning("event=assembly_child_crashed job=%s frame=%d crashes=%d error=%r",
-                        job_id, frame, crashes + 1, exc.message)  # fmt: skip
-    raise AssertionError("unreachable")
+                        job_id, frame, crashes, exc.message)  # fmt: skip
 
 
 def _keep_preview(
