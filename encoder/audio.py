@@ -1,6 +1,11 @@
 """A session's sound: the PulseAudio server in its sandbox (a null sink the app plays into),
 captured by the service from the sink's monitor (parec), encoded to Opus once per session and
-handed, as packets, to every viewer's audio track (aiortc only packetizes them).
+handed, as packets, to every viewer's audio track (aiortc only packetizes them; the WebSocket
+viewers send them as they are) and to the session's recording.
+
+A packet's ``pts`` counts samples; ``AudioFeed.capture_us`` turns it into its capture time on
+the wall clock the video's frames carry, so that a recording and the WebSocket player can put
+sound and picture together.
 
 The server listens only on a unix socket in the session's X socket folder (the one folder the
 service and the sandbox share); it loads no module but the native protocol and the null sink
@@ -21,6 +26,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import av
@@ -44,6 +50,10 @@ BITRATE_BPS = 96_000
 MAX_PENDING = 10
 #: how long the server may take to open its socket
 START_TIMEOUT_S = 10.0
+FRAME_US = FRAME_SAMPLES * 1_000_000 // RATE
+#: sound that arrives this much later than its samples' count says (a restarted sandbox's
+#: capture, after a pause) moves the count on, so that the capture times stay true
+GAP_US = 100_000
 
 #: the sandbox's pulse server command (started by encoder/appbox.py's launcher)
 SERVER = (
@@ -77,8 +87,10 @@ class AudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[int | None], int]) -> None:
         super().__init__()
+        #: a packet's capture time (µs since the epoch) from its pts
+        self.capture_us = clock
         self._pending: deque[Packet] = deque()
         self._ready = asyncio.Event()
         self.sent = 0
@@ -122,13 +134,26 @@ class AudioFeed:
         self._codec.time_base = fractions.Fraction(1, RATE)
         self._codec.options = {"application": "lowdelay", "frame_duration": "20"}
         self._samples = 0
+        #: the capture time of sample 0 (µs since the epoch), set by the first frame
+        self._base_us: int | None = None
         self._lock = threading.Lock()
         self.frames_in = 0
+        #: called on the loop with each batch of packets besides the tracks (the recording)
+        self.on_packets: Callable[[list[Packet]], None] | None = None
+
+    @property
+    def extradata(self) -> bytes | None:
+        """The encoder's OpusHead, which a container's Opus track needs."""
+        return self._codec.extradata
 
     def track(self) -> AudioTrack:
-        track = AudioTrack()
+        track = AudioTrack(self.capture_us)
         self._tracks.add(track)
         return track
+
+    def capture_us(self, pts: int | None) -> int:
+        """When the first sample of the packet with ``pts`` was captured (µs since the epoch)."""
+        return (self._base_us or 0) + (pts or 0) * 1_000_000 // RATE
 
     def push_pcm(self, pcm: bytes) -> None:
         """20 ms of s16le stereo at 48 kHz (from the capture's thread)."""
@@ -136,7 +161,13 @@ class AudioFeed:
         frame.planes[0].update(pcm)
         frame.sample_rate = RATE
         frame.time_base = fractions.Fraction(1, RATE)
+        # the frame's last sample has just been read: its first is one frame old
+        start_us = time.time_ns() // 1000 - FRAME_US
         with self._lock:
+            if self._base_us is None:
+                self._base_us = start_us
+            elif start_us - self.capture_us(self._samples) > GAP_US:
+                self._samples = (start_us - self._base_us) * RATE // 1_000_000
             frame.pts = self._samples
             self._samples += FRAME_SAMPLES
             self.frames_in += 1
@@ -149,6 +180,8 @@ class AudioFeed:
         for track in list(self._tracks):
             for packet in packets:
                 track.push(packet)
+        if self.on_packets is not None:
+            self.on_packets(packets)
 
 
 class PulseCapture:

@@ -1,5 +1,7 @@
 """A session's recording: the packets the session already encoded, muxed into an MP4 (PyAV,
-no second encode), stored in the farm's storage under the session's project."""
+no second encode), stored in the farm's storage under the session's project. A session with
+sound records it too (its Opus packets, an MP4 Opus track), each packet placed by its capture
+time on the video's clock."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ log = logging.getLogger("tessera.stream")
 
 #: the encoder's packets carry their capture time in RTP's 90 kHz clock
 TIME_BASE = Fraction(1, 90_000)
+#: the sound's clock: Opus at 48 kHz
+AUDIO_RATE = 48_000
+AUDIO_TIME_BASE = Fraction(1, AUDIO_RATE)
 #: H.264 Annex B start codes before each NAL unit
 _START = re.compile(b"\x00\x00\x01")
 #: NAL unit types of the parameter sets (SPS, PPS) an MP4 keeps in its header
@@ -42,11 +47,18 @@ def parameter_sets(data: bytes) -> bytes:
 
 
 class Recording:
-    """An MP4 being written at ``path``; it starts at the next keyframe."""
+    """An MP4 being written at ``path``; it starts at the next keyframe. ``opus_head``: the
+    session's sound encoder's header, when the session has sound (an Opus track is added)."""
 
-    def __init__(self, path: Path, width: int, height: int, fps: int) -> None:
+    def __init__(
+        self, path: Path, width: int, height: int, fps: int, opus_head: bytes | None = None
+    ) -> None:
         self.path, self.width, self.height, self.fps = path, width, height, fps
+        self.opus_head = opus_head
         self.frames = 0
+        self.sound_packets = 0
+        self._audio: av.audio.stream.AudioStream | None = None
+        self._last_audio_pts = -1
         self.size: tuple[int, int] | None = None
         self._out: av.container.OutputContainer | None = None
         self._stream: av.video.stream.VideoStream | None = None
@@ -74,13 +86,36 @@ class Recording:
         out.stream = self._stream
         if keyframe:
             out.is_keyframe = True
+        if self._mux(out):
+            self.frames += 1
+
+    def write_sound(self, packet: Packet, capture_us: int) -> None:
+        """Add one Opus packet captured at ``capture_us`` (µs since the epoch); sound from
+        before the recording's first frame is left out."""
+        if self.closed or self._out is None or self._audio is None:
+            return
+        start_us = self._first_pts * 100 // 9
+        pts = (capture_us - start_us) * AUDIO_RATE // 1_000_000
+        if pts < 0 or pts <= self._last_audio_pts:
+            return
+        self._last_audio_pts = pts
+        out = av.Packet(bytes(packet))
+        out.pts = out.dts = pts
+        out.duration = packet.duration
+        out.time_base = AUDIO_TIME_BASE
+        out.stream = self._audio
+        if self._mux(out):
+            self.sound_packets += 1
+
+    def _mux(self, packet: Packet) -> bool:
+        assert self._out is not None
         try:
-            self._out.mux(out)
+            self._out.mux(packet)
         except av.FFmpegError as exc:
             log.warning("event=recording_failed path=%s error=%r", self.path, exc)
             self.close()
-            return
-        self.frames += 1
+            return False
+        return True
 
     def _open(self, keyframe: bytes, size: tuple[int, int]) -> None:
         self.size = size
@@ -89,6 +124,11 @@ class Recording:
         stream.width, stream.height = size
         stream.time_base = TIME_BASE
         stream.codec_context.extradata = parameter_sets(keyframe)
+        if self.opus_head is not None:
+            sound = out.add_stream("libopus", rate=AUDIO_RATE, layout="stereo")
+            sound.time_base = AUDIO_TIME_BASE
+            sound.codec_context.extradata = self.opus_head
+            self._audio = sound
         self._out, self._stream = out, stream
 
     def close(self) -> None:

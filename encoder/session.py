@@ -24,7 +24,7 @@ from encoder.peers import Viewer
 from encoder.pipeline import EncodedFrame, Pipeline
 from encoder.recording import Recording, recording_key
 from encoder.source import SandboxedSource, Source, XAppSource, make_source
-from encoder.videoencoder import EncoderConfig, VideoEncoder, open_encoder, start_bitrate
+from encoder.videoencoder import EncoderConfig, Packet, VideoEncoder, open_encoder, start_bitrate
 from encoder.wsviewer import WsViewer
 from encoder.xinput import XInput
 from farm import metrics
@@ -98,7 +98,8 @@ class StreamSession:
         self.dropped: Counter[str] = Counter()
         self._rates: dict[str, RateLimit] = {}
         self.source: Source = make_source(app, settings, f"stream-{self.id}")
-        #: the session's sound for its WebRTC viewers (None: the app has none, or it is off)
+        #: the session's sound for its viewers and recording (None: the app has none, or it is
+        #: off)
         self.audio: AudioFeed | None = None
         self.pipeline: Pipeline | None = None
         # every callback handed out holds the session weakly: an ended session is freed at once
@@ -156,7 +157,9 @@ class StreamSession:
         source.start(functools.partial(_weak(self._source_exited), source))
         assert self.source.grabber is not None
         if source.has_audio:
-            self.audio = self.audio or AudioFeed(self._loop)
+            if self.audio is None:
+                self.audio = AudioFeed(self._loop)
+                self.audio.on_packets = _weak(self._record_sound)
             source.start_audio(self.audio)
         s = self.settings
         min_bps, max_bps = s.stream_min_kbps * 1000, s.stream_max_kbps * 1000
@@ -397,6 +400,7 @@ class StreamSession:
             on_message=_weak(self._message),
             on_closed=_weak(self._viewer_closed),
             fps=self.app.fps,
+            audio=self.audio.track() if self.audio is not None else None,
         )
         self._joined(viewer, role)
         return viewer
@@ -502,6 +506,11 @@ class StreamSession:
         if self.recording is not None:
             self.recording.write(frame.packet, frame.keyframe, self._video_size())
 
+    def _record_sound(self, packets: list[Packet]) -> None:
+        if self.recording is not None and self.audio is not None:
+            for packet in packets:
+                self.recording.write_sound(packet, self.audio.capture_us(packet.pts))
+
     def record(self, on: bool) -> None:
         """Start or stop recording (the controlling viewer asked); every viewer is told."""
         if on and self.recording is None and self.state is SessionState.RUNNING:
@@ -510,7 +519,8 @@ class StreamSession:
             width, height = self._video_size()
             part = len(self.recorded) + 1
             path = folder / f"{self.id}-{part}.mp4"
-            self.recording = Recording(path, width, height, self.app.fps)
+            opus_head = self.audio.extradata if self.audio is not None else None
+            self.recording = Recording(path, width, height, self.app.fps, opus_head)
             self.request_keyframe()
         elif not on and self.recording is not None:
             self._spawn(self._store(self.recording))
@@ -531,7 +541,9 @@ class StreamSession:
             log.warning("event=recording_not_stored session=%s error=%r", self.id, exc.message)
             return
         if stored is not None:
-            self.recorded.append({"key": stored, "frames": recording.frames})
+            self.recorded.append(
+                {"key": stored, "frames": recording.frames, "sound": recording.sound_packets}
+            )
             log.info("event=recording_stored session=%s key=%s frames=%d", self.id, stored,
                      recording.frames)  # fmt: skip
 

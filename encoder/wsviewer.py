@@ -1,6 +1,7 @@
 """WebSocket viewers, the fallback where WebRTC cannot connect (UDP blocked, no TURN): the
-session's own encoded H.264 access units as binary messages (no second encode), the same JSON
-input messages as the data channel, latest frame wins for a slow viewer."""
+session's own encoded H.264 access units and Opus packets as binary messages (no second
+encode), each with its capture time, the same JSON input messages as the data channel, latest
+frame wins for a slow viewer."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from aiortc.mediastreams import MediaStreamError
 
+from encoder.audio import AudioTrack
 from encoder.peers import MAX_PENDING_FRAMES, PacketTrack
 from encoder.videoencoder import Packet
 
 log = logging.getLogger("tessera.stream")
 
-#: a video message: this header, then one H.264 access unit (Annex B, SPS/PPS in keyframes).
-#: version (1), flags (bit 0: keyframe), capture time (microseconds since the epoch)
+#: a media message: this header, then one H.264 access unit (Annex B, SPS/PPS in keyframes) or
+#: one Opus packet (48 kHz stereo, 20 ms). Version (1), flags (bit 0: keyframe, bit 1: sound),
+#: capture time of its first sample or pixel (microseconds since the epoch)
 HEADER = struct.Struct("!BBQ")
 VERSION = 1
 KEYFRAME = 0x01
+SOUND = 0x02
 #: the socket's send buffer (bytes; the kernel doubles it): what a viewer's connection may hold
 #: beyond the frames queued for it. Small, so that a viewer that cannot keep up drops to the next
 #: keyframe within a few frames instead of watching seconds-old video out of a deep buffer
@@ -39,12 +43,17 @@ def video_message(packet: Packet, keyframe: bool) -> bytes:
     return HEADER.pack(VERSION, KEYFRAME if keyframe else 0, capture_us) + bytes(packet)
 
 
+def sound_message(packet: Packet, capture_us: int) -> bytes:
+    return HEADER.pack(VERSION, SOUND, max(0, capture_us)) + bytes(packet)
+
+
 class WsViewer:
     """One viewer on a WebSocket: the video sender and the input channel in one connection.
 
     Its ``track`` is the WebRTC viewers' packet queue: it starts on a keyframe (asked for at
     once), and a viewer whose socket cannot keep up drops to the next keyframe instead of
-    queueing.
+    queueing. Its ``audio`` (a session with sound) is a WebRTC viewer's sound track: a stuck
+    viewer's oldest packets are dropped.
     """
 
     transport = "websocket"
@@ -59,9 +68,11 @@ class WsViewer:
         on_message: Callable[[WsViewer, object], dict[str, Any] | None],
         on_closed: Callable[[WsViewer], None],
         fps: int = 30,
+        audio: AudioTrack | None = None,
     ) -> None:
         self.id, self.role, self.name = viewer_id, role, name
         self.ws = ws
+        self.audio = audio
         self.on_message, self.on_closed = on_message, on_closed
         self.track = PacketTrack(on_keyframe_request, max(MAX_PENDING_FRAMES, fps // 4))
         self.estimate_bps: int | None = None
@@ -79,7 +90,10 @@ class WsViewer:
 
     async def run(self) -> None:
         """Send video and take input until the socket closes."""
-        sender = asyncio.create_task(self._send_video(), name=f"ws-video-{self.id}")
+        senders = [asyncio.create_task(self._send_video(), name=f"ws-video-{self.id}")]
+        if self.audio is not None:
+            sound = self._send_sound(self.audio)
+            senders.append(asyncio.create_task(sound, name=f"ws-sound-{self.id}"))
         try:
             async for msg in self.ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
@@ -91,10 +105,11 @@ class WsViewer:
         except (ConnectionError, RuntimeError):  # the socket went away mid-send
             pass
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
-            self.track.stop()
+            for sender in senders:
+                sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sender
+            self._stop_tracks()
             self._notify_closed()
 
     async def _send_video(self) -> None:
@@ -103,6 +118,17 @@ class WsViewer:
             while not self.ws.closed:
                 packet = await self.track.recv()
                 await self.ws.send_bytes(video_message(packet, bool(packet.is_keyframe)))
+
+    async def _send_sound(self, audio: AudioTrack) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError, MediaStreamError):
+            while not self.ws.closed:
+                packet = await audio.recv()
+                await self.ws.send_bytes(sound_message(packet, audio.capture_us(packet.pts)))
+
+    def _stop_tracks(self) -> None:
+        self.track.stop()
+        if self.audio is not None:
+            self.audio.stop()
 
     def send(self, message: dict[str, Any]) -> None:
         if self.ws.closed:
@@ -124,7 +150,7 @@ class WsViewer:
     async def close(self) -> None:
         self._closed = True
         self.connected = False
-        self.track.stop()
+        self._stop_tracks()
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self.ws.close()
 
@@ -142,6 +168,8 @@ class WsViewer:
             "state": "closed" if self.ws.closed else "connected",
             "frames_sent": self.track.sent,
             "frames_dropped": self.track.dropped,
+            "sound_sent": self.audio.sent if self.audio is not None else 0,
+            "sound_dropped": self.audio.dropped if self.audio is not None else 0,
             "catch_ups": self.track.catch_ups,
             "keyframe_requests": self.keyframe_requests,
             "estimate_kbps": 0,

@@ -51,6 +51,9 @@ const tessera = {
   // whether this page plays it (the browser may refuse sound before a click: then muted)
   audioStream: null,
   muted: false,
+  // the WebSocket viewer's sound: packets played, dropped (behind their place) and gaps (the
+  // sound ran dry)
+  sound: null,
   setMuted,
   send,
   takeControl,
@@ -329,6 +332,11 @@ function setMuted(muted) {
   audio.muted = muted;
   $("sound").textContent = muted ? "Sound off" : "Sound on";
   $("sound").setAttribute("aria-pressed", String(!muted));
+  if (wsSound) {
+    wsSound.volume.gain.value = muted ? 0 : 1;
+    if (!muted) wsSound.start();
+    return;
+  }
   if (!muted && audio.srcObject) {
     // without a click first the browser may refuse to play sound: show it as muted
     audio.play().catch(() => setMuted(true));
@@ -357,11 +365,13 @@ async function leave(endSession) {
 }
 
 // ------------------------------------------------------------------ WebSocket fallback
-// The same session over one WebSocket: binary messages are H.264 access units (a 10-byte
-// header: version, flags (1 = keyframe), capture time in microseconds), decoded with
-// WebCodecs into the same <video>; text messages are the data channel's JSON, both ways.
+// The same session over one WebSocket: binary messages are H.264 access units or Opus packets
+// (a 10-byte header: version, flags (1 = keyframe, 2 = sound), capture time in microseconds),
+// decoded with WebCodecs into the same <video> and into WebAudio; text messages are the data
+// channel's JSON, both ways.
 
 let ws = null;
+let wsSound = null;  // the WebSocket viewer's sound player, once the session sent sound
 let wsHello = null;  // what the WebSocket viewer starts once the service said hello
 let fellBack = false;
 
@@ -445,6 +455,7 @@ async function joinWs(sid, role) {
   const decodeStarted = new Map();
   let decoder = null, configured = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
   let last = { at: performance.now(), frames: 0, bytes: 0 };
+  let pictureDelayMs = null;
   st.codec = "video/H264 (WebSocket)";
 
   function newDecoder() {
@@ -455,6 +466,8 @@ async function joinWs(sid, role) {
         if (began !== undefined) decodeSum += performance.now() - began;
         frames++;
         st.frames_decoded++;
+        // how late the picture is (capture to shown): where the sound is placed to match it
+        pictureDelayMs = performance.timeOrigin + performance.now() - frame.timestamp / 1000;
         tessera.frameWidth = frame.displayWidth;
         tessera.frameHeight = frame.displayHeight;
         if (tessera.state === "connecting") setState("playing");
@@ -471,7 +484,7 @@ async function joinWs(sid, role) {
     send({ t: "keyframe" });
   }
 
-  function onVideo(buf) {
+  function onMedia(buf) {
     const view = new DataView(buf);
     if (buf.byteLength < 10 || view.getUint8(0) !== 1) return;
     const key = (view.getUint8(1) & 1) === 1;
@@ -479,6 +492,11 @@ async function joinWs(sid, role) {
     const data = new Uint8Array(buf, 10);
     bytes += buf.byteLength;
     st.bytes_received += buf.byteLength;
+    if ((view.getUint8(1) & 2) === 2) {
+      if (!wsSound) wsSound = soundPlayer(() => pictureDelayMs);
+      if (wsSound) wsSound.decode(at, data);
+      return;
+    }
     if (key) {
       const codec = avcCodec(data);
       if (!decoder || decoder.state === "closed") { newDecoder(); configured = null; }
@@ -521,17 +539,125 @@ async function joinWs(sid, role) {
   };
   wsHello = () => { statsTimer = setInterval(wsStats, STATS_INTERVAL_MS); };
   socket.onmessage = (event) => {
-    if (typeof event.data !== "string") onVideo(event.data);
+    if (typeof event.data !== "string") onMedia(event.data);
     else onMessage(event);
   };
   socket.onclose = () => {
     clearInterval(statsTimer);
     if (decoder && decoder.state !== "closed") decoder.close();
+    if (wsSound) { wsSound.close(); wsSound = null; }
     if (leaving) return;
     if (tessera.state === "playing") showError({ code: "ended", message: "The session ended." });
     else if (!tessera.error) showError({ code: "connection_failed", message: "The WebSocket to the stream closed." });
     setState(tessera.state === "playing" ? "closed" : "failed");
   };
+}
+
+// The WebSocket viewer's sound: Opus decoded with WebCodecs, played with WebAudio, each packet
+// at the moment that keeps it with the picture (its capture time plus the picture's delay now)
+// and never sooner than a margin from now that covers the packets' arrival jitter (it grows
+// when the sound runs dry and shrinks back while it does not). Sound later than the picture is
+// played as soon as the margin allows: the picture is never held back for it.
+const SOUND_MARGIN_S = { least: 0.01, most: 0.08, step: 0.01, calm_s: 10 };
+// a packet that would play this far beyond its place (a burst after a stall) is dropped;
+// nearer, the sound plays this much faster until it is back at its place (NetEq's accelerate,
+// without keeping the pitch: 2 % is a third of a semitone)
+const SOUND_BEHIND_S = 0.04;
+const SOUND_CATCH_UP_RATE = 1.02;
+// the browser may refuse to start sound before a click: after this long the page says muted
+const SOUND_START_WAIT_MS = 1000;
+
+function soundPlayer(pictureDelayMs) {
+  if (!window.AudioDecoder || !window.AudioContext) return null;
+  const ctx = new AudioContext({ latencyHint: "interactive", sampleRate: 48000 });
+  const volume = ctx.createGain();
+  volume.connect(ctx.destination);
+  const tap = ctx.createMediaStreamDestination();  // tessera.audioStream, as over WebRTC
+  // played, dropped (behind their place), gaps (ran dry); the last packet's delay from capture
+  // to heard, the picture's from capture to decoded, and the margin now (ms)
+  const stats = tessera.sound = {
+    played: 0, dropped: 0, gaps: 0, delay_ms: null, picture_ms: null,
+    margin_ms: SOUND_MARGIN_S.least * 1000,
+  };
+  let margin = SOUND_MARGIN_S.least, calmSince = 0, playhead = 0, decoder = null;
+
+  function newDecoder() {
+    decoder = new AudioDecoder({ output: play, error: () => { decoder = null; } });
+    decoder.configure({ codec: "opus", sampleRate: 48000, numberOfChannels: 2 });
+  }
+
+  // the AudioContext time at which a sound captured at `captureUs` is heard with the picture
+  function placeOf(captureUs, heard) {
+    const delay = pictureDelayMs();
+    if (delay === null) return 0;
+    const wantPerf = captureUs / 1000 + delay - performance.timeOrigin;
+    return heard.contextTime + (wantPerf - heard.performanceTime) / 1000;
+  }
+
+  function ranDry(now) {
+    stats.gaps++;
+    margin = Math.min(margin + SOUND_MARGIN_S.step, SOUND_MARGIN_S.most);
+    calmSince = now;
+  }
+
+  function play(data) {
+    const buffer = ctx.createBuffer(data.numberOfChannels, data.numberOfFrames, data.sampleRate);
+    for (let c = 0; c < data.numberOfChannels; c++) {
+      data.copyTo(buffer.getChannelData(c), { planeIndex: c, format: "f32-planar" });
+    }
+    const captureUs = data.timestamp;
+    data.close();
+    const now = ctx.currentTime, heard = ctx.getOutputTimestamp();
+    if (now - calmSince > SOUND_MARGIN_S.calm_s && margin > SOUND_MARGIN_S.least) {
+      margin = Math.max(margin - SOUND_MARGIN_S.step / 2, SOUND_MARGIN_S.least);
+      calmSince = now;
+    }
+    const place = Math.max(placeOf(captureUs, heard), now + margin);
+    if (playhead < now) {
+      if (playhead > 0) ranDry(now);
+      else calmSince = now;
+      playhead = place;
+    } else if (playhead > place + SOUND_BEHIND_S) {
+      stats.dropped++;
+      return;
+    } else if (playhead < place - SOUND_BEHIND_S) {
+      playhead = place;  // the picture's delay grew: the sound waits with it
+    }
+    const source = ctx.createBufferSource();
+    source.buffer = buffer;
+    const rate = playhead > place + 0.005 ? SOUND_CATCH_UP_RATE : 1;
+    source.playbackRate.value = rate;
+    source.connect(volume);
+    source.connect(tap);
+    source.start(playhead);
+    stats.played++;
+    stats.delay_ms = round(heard.performanceTime + (playhead - heard.contextTime) * 1000
+      + performance.timeOrigin - captureUs / 1000, 1);
+    stats.picture_ms = pictureDelayMs() === null ? null : round(pictureDelayMs(), 1);
+    stats.margin_ms = round(margin * 1000, 0);
+    playhead += buffer.duration / rate;
+  }
+
+  const player = {
+    volume,
+    decode(captureUs, data) {
+      if (!decoder || decoder.state === "closed") newDecoder();
+      decoder.decode(new EncodedAudioChunk({ type: "key", timestamp: captureUs, data }));
+    },
+    start() {
+      ctx.resume();
+      setTimeout(() => { if (ctx.state !== "running" && !tessera.muted) setMuted(true); }, SOUND_START_WAIT_MS);
+    },
+    close() {
+      if (decoder && decoder.state !== "closed") decoder.close();
+      ctx.close();
+    },
+  };
+  tessera.audioStream = tap.stream;
+  $("sound").hidden = false;
+  // setMuted reads wsSound: the player is in place before it is called
+  queueMicrotask(() => setMuted(tessera.muted));
+  return player;
 }
 
 // ------------------------------------------------------------------ data channel

@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import av
@@ -103,8 +104,33 @@ async def _beep_reaches_every_track(tmp_path: Path) -> None:
             packet = await asyncio.wait_for(player.recv(), 5)
             same = await asyncio.wait_for(spectator.recv(), 5)
             assert bytes(same) == bytes(packet)  # encoded once, for both
+            # its capture time: before now, by no more than the frame and the queue's wait
+            age_us = time.time_ns() // 1000 - player.capture_us(packet.pts)
+            assert 0 < age_us < (audio.MAX_PENDING + 1) * audio.FRAME_US, age_us
             for frame in decoder.decode(packet):
                 peak = max(peak, int(np.abs(frame.to_ndarray()).max() * 32767))
         assert peak > 5000, "no beep in the session's sound"
     finally:
         await asyncio.to_thread(source.stop)
+
+
+def test_sound_after_a_pause_keeps_its_capture_times_true() -> None:
+    """A restarted sandbox's capture begins after a pause: its packets' capture times move on
+    with the clock, not on from the last packet's. (The one packet that spans the pause, the
+    encoder's 2.5 ms look-ahead, keeps the time of the sound before it.)"""
+
+    async def main() -> list[int]:
+        feed = audio.AudioFeed(asyncio.get_running_loop())
+        track = feed.track()
+        ages = []
+        for pause_s in (0.0, 0.0, 0.0, 0.3, 0.0, 0.0, 0.0):
+            await asyncio.sleep(pause_s)
+            feed.push_pcm(bytes(audio.FRAME_BYTES))
+            await asyncio.sleep(0.03)  # the packet is handed over on the loop
+            packet = await asyncio.wait_for(track.recv(), 1)
+            ages.append(time.time_ns() // 1000 - track.capture_us(packet.pts))
+        return ages
+
+    ages = asyncio.run(main())
+    del ages[3]  # the packet that spans the pause
+    assert all(0 < age_us < 150_000 for age_us in ages), ages
