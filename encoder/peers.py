@@ -38,6 +38,11 @@ MAX_PENDING_FRAMES = 3
 INPUT_CHANNEL = "input"
 #: retransmissions (RTX) sent for each packet a viewer reports lost (NACK)
 RETRANSMIT_COPIES = 2
+#: after a viewer reports a loss, the last packet of every frame is followed by a copy (as a
+#: retransmission) for this long: a receiver finds a lost last packet missing only when the
+#: next frame comes, a frame interval later, while a lost packet inside a frame is asked for
+#: (NACK) as soon as the packet after it arrives
+TAIL_COPY_S = 10.0
 
 
 class PacketTrack(MediaStreamTrack):
@@ -158,6 +163,7 @@ class Viewer(PeerEndsOnce):
         #: the encoder's bitrate now: the pace of a keyframe's burst (encoder/pacer.py)
         self.bitrate, self.fps = bitrate, fps
         self.pacer: Pacer | None = None
+        self.repair: LossRepair | None = None
         #: the session's sound (encoder/audio.py), sent where the offer has an audio section
         self.audio = audio
         self.on_keyframe_request = on_keyframe_request
@@ -191,6 +197,7 @@ class Viewer(PeerEndsOnce):
         _route_rtcp(transceiver.sender, self)
         if self.bitrate is not None:
             self.pacer = pace(transceiver.sender.transport, self.bitrate, self.fps)
+        self.repair = LossRepair(transceiver.sender)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
 
@@ -254,6 +261,9 @@ class Viewer(PeerEndsOnce):
             # packets the pacer held back (a keyframe's burst), and for how long in all
             "paced_packets": self.pacer.held if self.pacer is not None else 0,
             "paced_ms": round(self.pacer.held_s * 1000) if self.pacer is not None else 0,
+            # packets the viewer reported lost (NACK), and frames whose last packet was copied
+            "nacked_packets": self.repair.nacked if self.repair is not None else 0,
+            "tail_copies": self.repair.tail_copies if self.repair is not None else 0,
         }
 
 
@@ -279,26 +289,52 @@ def _route_rtcp(sender: RTCRtpSender, viewer: Viewer) -> None:
         await handle(packet)
 
     setattr(sender, "_handle_rtcp_packet", routed)  # noqa: B010
-    _retransmit_copies(sender, RETRANSMIT_COPIES)
 
 
-def _retransmit_copies(sender: RTCRtpSender, copies: int) -> None:
-    """Answer each NACK with ``copies`` retransmissions (RTX) of the packet.
+class LossRepair:
+    """How a viewer's video sender answers loss, in front of aiortc's sender and transport.
 
-    A receiver asks again for a retransmission that was lost only after its round-trip
-    estimate, which a receive-only browser cannot measure (Chromium then assumes 100 ms), so
-    each lost retransmission would hold the picture that long; two copies make that a
-    loss-squared event (0.25 % at 5 % loss). Lost packets are a small share of the stream, so
-    their copies cost little. (On the loaded test machine the freezes with one copy and with
-    two were within its noise: this is reasoned, not measured.)
+    - Each NACK is answered with ``RETRANSMIT_COPIES`` retransmissions (RTX). A receiver asks
+      again for a lost retransmission only after its round-trip estimate, which a receive-only
+      browser cannot measure (Chromium then assumes 100 ms), so each lost retransmission would
+      hold the picture that long; two copies make that a loss-squared event (0.25 % at 5 %).
+    - For ``TAIL_COPY_S`` after a NACK, the last packet of each frame (RTP marker) is followed
+      by one retransmission of it: the receiver drops the copy when it has the packet, and
+      otherwise has it a frame interval sooner than a NACK would bring it.
+    Lost packets and last packets are a small share of the stream, so their copies cost little.
     """
-    retransmit = sender._retransmit
 
-    async def repeated(sequence_number: int) -> None:
-        for _ in range(copies):
-            await retransmit(sequence_number)
+    def __init__(self, sender: RTCRtpSender, clock: Callable[[], float] = time.monotonic) -> None:
+        self._retransmit = sender._retransmit
+        self._ssrc = sender._ssrc
+        self._clock = clock
+        self._last_nack: float | None = None
+        self.nacked = 0
+        self.tail_copies = 0
+        setattr(sender, "_retransmit", self.retransmit)  # noqa: B010
+        transport = sender.transport
+        self._send = transport._send_rtp
+        setattr(transport, "_send_rtp", self.send)  # noqa: B010
 
-    setattr(sender, "_retransmit", repeated)  # noqa: B010
+    async def retransmit(self, sequence_number: int) -> None:
+        """A NACK's packet (aiortc calls this once per packet reported lost)."""
+        self.nacked += 1
+        self._last_nack = self._clock()
+        for _ in range(RETRANSMIT_COPIES):
+            await self._retransmit(sequence_number)
+
+    async def send(self, data: bytes) -> None:
+        """Every RTP packet of the viewer's transport (video, retransmissions, sound)."""
+        await self._send(data)
+        if (
+            self._last_nack is not None
+            and len(data) >= 12
+            and data[1] & 0x80  # the marker: the frame's last packet
+            and int.from_bytes(data[8:12], "big") == self._ssrc  # video, not RTX or sound
+            and self._clock() - self._last_nack < TAIL_COPY_S
+        ):
+            self.tail_copies += 1
+            await self._retransmit(int.from_bytes(data[2:4], "big"))
 
 
 async def take_offer(pc: RTCPeerConnection, video: Any, offer_sdp: str) -> None:
