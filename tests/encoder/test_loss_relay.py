@@ -1,7 +1,7 @@
 """The player in headless Chromium through the test's own lossy relay (tests/encoder/udprelay.py):
-lost media packets are retransmitted on NACK (RTX) and a picture the browser cannot decode is
-repaired by a keyframe on its PLI, so the picture never stops for long, and once the path is
-clean again every frame is current."""
+lost media packets are retransmitted on NACK (RTX), frames' last packets are copied once loss
+is reported, and a picture the browser cannot decode is repaired by a keyframe on its PLI, so
+the picture never stops for long, and once the path is clean again every frame is current."""
 
 from __future__ import annotations
 
@@ -154,6 +154,9 @@ def test_loss_never_freezes_the_player_and_its_picture_is_current_after(
     ).json()["viewers"]
 
     assert dropped >= 1, "the relay lost no packet: nothing was tested"
+    # the browser asked for what was lost, and from then on each frame's last packet was copied
+    (viewer,) = viewers
+    assert viewer["nacked_packets"] >= 1 and viewer["tail_copies"] >= 1, viewer
     clean = [lat for t, lat in records if clean_from <= t < lossy_from]
     times = [lossy_from] + [t for t, _ in records if lossy_from <= t <= lossy_to] + [lossy_to]
     freeze_s = max(b - a for a, b in itertools.pairwise(times))
