@@ -76,6 +76,10 @@ class Result:
     end_s: float = 0.0
     dropped: int = 0
     queue_drops: int = 0
+    #: what the service says of the session (None where it does not: plain aiortc): keyframes
+    #: sent, and the viewer's catch-ups (frames dropped to a fresh keyframe)
+    keyframes: int | None = None
+    catch_ups: int | None = None
 
     def _between(self, start_s: float, end_s: float) -> list[tuple[float, float]]:
         return [r for r in self.records if start_s <= r[0] <= end_s]
@@ -133,6 +137,9 @@ async def measure(client: StreamClient, opts: Options, impaired: NetPath) -> Res
             await asyncio.sleep(opts.recovery_s)
             result.end_s = time.time()
             result.dropped, result.queue_drops = relay.dropped, relay.queue_drops
+            info = await client.session(sid)
+            result.keyframes = info.get("stats", {}).get("keyframes")
+            result.catch_ups = sum(v.get("catch_ups", 0) for v in info.get("viewers", []))
         finally:
             await client.leave(sid, viewer)
     finally:
@@ -183,7 +190,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                             f"  run {index + 1} {name:14} {arm:5}: freeze {res.freeze_ms:7.1f} ms"
                             f"  p95 {res.p95_ms:7.1f} ms  after p95 {res.after_p95_ms:7.1f} ms"
                             f" ({len(res.after)} frames)  relay dropped {res.dropped}"
-                            f" queue-dropped {res.queue_drops}",
+                            f" queue-dropped {res.queue_drops}"
+                            + (
+                                f"  keyframes {res.keyframes} catch-ups {res.catch_ups}"
+                                if res.keyframes is not None
+                                else ""
+                            ),
                             flush=True,
                         )
     summarize(results, figures)
