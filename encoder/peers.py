@@ -117,6 +117,14 @@ class PacketTrack(MediaStreamTrack):
         self._ready.set()
 
 
+def with_service_share(reply: dict[str, Any], track: PacketTrack) -> dict[str, Any]:
+    """A reply to a viewer; a ``pong`` also carries the service's share of the latency, which
+    the player adds to the network's and its own (its latency overlay)."""
+    if reply.get("t") == "pong" and track.send_delay_ms is not None:
+        reply["service_ms"] = round(track.send_delay_ms, 2)
+    return reply
+
+
 def peer_connection(ice_servers: list[dict[str, Any]]) -> RTCPeerConnection:
     """A peer connection for one viewer, with the farm's STUN/TURN servers."""
     return RTCPeerConnection(
@@ -211,10 +219,7 @@ class Viewer(PeerEndsOnce):
         # the session parses it (encoder/messages.py: limits, drops counted, never a disconnect)
         reply = self.on_message(self, raw)
         if reply is not None:
-            if reply.get("t") == "pong" and self.track.send_delay_ms is not None:
-                # the player adds it to the network's and its own share (latency overlay)
-                reply["service_ms"] = round(self.track.send_delay_ms, 2)
-            self.send(reply)
+            self.send(with_service_share(reply, self.track))
 
     def send(self, message: dict[str, Any]) -> None:
         if self.channel is not None and self.channel.readyState == "open":

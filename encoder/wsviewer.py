@@ -18,7 +18,7 @@ from aiohttp import WSMsgType, web
 from aiortc.mediastreams import MediaStreamError
 
 from encoder.audio import AudioTrack
-from encoder.peers import MAX_PENDING_FRAMES, PacketTrack
+from encoder.peers import MAX_PENDING_FRAMES, PacketTrack, with_service_share
 from encoder.videoencoder import Packet
 
 log = logging.getLogger("tessera.stream")
@@ -99,6 +99,7 @@ class WsViewer:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     reply = self.on_message(self, msg.data)
                     if reply is not None:
+                        reply = with_service_share(reply, self.track)
                         await self.ws.send_str(json.dumps(reply))
                 elif msg.type == WSMsgType.ERROR:
                     break

@@ -464,7 +464,10 @@ async function joinWs(sid, role) {
       output: (frame) => {
         const began = decodeStarted.get(frame.timestamp);
         decodeStarted.delete(frame.timestamp);
-        if (began !== undefined) decodeSum += performance.now() - began;
+        if (began !== undefined) {
+          decodeSum += performance.now() - began;
+          latency.arrivedAt = began;  // its message was handed to the decoder as it arrived
+        }
         frames++;
         st.frames_decoded++;
         // how late the picture is (capture to shown): where the sound is placed to match it
@@ -1051,15 +1054,19 @@ async function updateStats() {
 
 // ------------------------------------------------------------------ latency overlay
 // What a viewer waits for a change on the remote screen, from its parts: the service's
-// (capture to send, in each pong), the network's (half the ICE round trip) and the
-// browser's (last packet of a frame received to the frame's display, from
-// requestVideoFrameCallback): median over the last BROWSER_FRAMES frames (a second at 30 fps).
+// (capture to send, in each pong), the network's (half the ICE round trip; over the WebSocket
+// half its ping) and the browser's (last packet of a frame received, or its WebSocket message,
+// to the frame's display, from requestVideoFrameCallback): median over the last BROWSER_FRAMES
+// frames (a second at 30 fps).
 const BROWSER_FRAMES = 30;
-const latency = { on: false, browserMs: [] };
+// arrivedAt: over the WebSocket, when the newest decoded frame's message arrived (the video
+// frame callback's receiveTime is WebRTC's only)
+const latency = { on: false, browserMs: [], arrivedAt: null };
 
 function latencyFrame(now, meta) {
-  if (meta.receiveTime !== undefined && meta.expectedDisplayTime !== undefined) {
-    latency.browserMs.push(meta.expectedDisplayTime - meta.receiveTime);
+  const received = meta.receiveTime !== undefined ? meta.receiveTime : latency.arrivedAt;
+  if (received !== null && meta.expectedDisplayTime !== undefined) {
+    latency.browserMs.push(meta.expectedDisplayTime - received);
     if (latency.browserMs.length > BROWSER_FRAMES) latency.browserMs.shift();
   }
   if (latency.on) video.requestVideoFrameCallback(latencyFrame);
@@ -1082,7 +1089,9 @@ function median(values) {
 
 function renderLatency(st) {
   st.browser_ms = latency.browserMs.length ? round(median(latency.browserMs), 1) : null;
-  const parts = [st.service_ms, st.rtt_ms === null ? null : st.rtt_ms / 2, st.browser_ms];
+  // the network's share: half the ICE round trip, over the WebSocket half its ping
+  const trip = tessera.transport === "websocket" ? st.ping_ms : st.rtt_ms;
+  const parts = [st.service_ms, trip === null ? null : trip / 2, st.browser_ms];
   st.latency_ms = parts.every((v) => typeof v === "number") ? round(parts[0] + parts[1] + parts[2], 1) : null;
   if (!latency.on) return;
   $("latency").textContent = st.latency_ms === null ? "latency \u2013"

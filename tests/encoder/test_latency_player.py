@@ -78,12 +78,13 @@ def page() -> Iterator[Page]:
         browser.close()
 
 
+@pytest.mark.parametrize("transport", ["webrtc", "ws"])
 def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture(
-    service: StreamService, page: Page
+    service: StreamService, page: Page, transport: str
 ) -> None:
     page.goto(
         f"{service.url}/player?app=testpattern&width=1280&height=720&fps=30&autostart=1"
-        f"&token={OPERATOR}"
+        f"&token={OPERATOR}&transport={transport}"
     )
     page.wait_for_function(
         until("window.tessera && tessera.stats.frames_decoded > 0"), timeout=TIMEOUT_MS
@@ -108,6 +109,12 @@ def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture
         overlay.append(float(page.evaluate("tessera.stats.latency_ms")))
     est, real = statistics.median(overlay), statistics.median(measured)
     assert abs(est - real) <= max(8.0, 0.25 * real), f"overlay {overlay} ms, picture {measured} ms"
+    print(f"{transport}: overlay {overlay} ms, picture {measured} ms")
+    if transport == "ws":
+        assert page.evaluate("tessera.transport") == "websocket"
+        page.click("#latency-toggle")
+        assert page.locator("#latency").is_hidden()
+        return
     # the playout-delay extension (min = max = 0): Chromium holds no frame back to smooth
     # playback (without it, its jitter buffer held each frame 22-29 ms here)
     held_ms = page.evaluate("tessera.stats.jitter_buffer_ms")
