@@ -34,6 +34,8 @@ log = logging.getLogger("tessera.stream")
 
 #: the host's folder of X sockets (X clients look for display N here)
 X11_DIR = Path("/tmp/.X11-unix")
+#: where the app finds input devices (its virtual gamepads)
+INPUT_DIR = Path("/dev/input")
 #: the service's folder of sessions' X socket folders (its own; mode 0700)
 SOCKETS = Path(tempfile.gettempdir()) / f"tessera-x11-{os.geteuid()}"
 #: display numbers sandboxed sessions take, above what a desktop or `xvfb-run` would use
@@ -66,23 +68,36 @@ def limits(settings: Settings, app: App) -> Limits:
 
 
 def session_spec(
-    settings: Settings, app: App, x11_dir: Path, display: int, name: str, home: Path | None = None
+    settings: Settings,
+    app: App,
+    x11_dir: Path,
+    display: int,
+    name: str,
+    home: Path | None = None,
+    input_dir: Path | None = None,
 ) -> SandboxSpec:
     """The sandbox a session's display and app run in (the security tests run probes in it);
     ``home``, a host folder, is its home folder (the session's files come and go there). With
     sound (the app's ``audio`` and FARM_STREAM_AUDIO) its pulse server's socket is in the X
-    socket folder and the app finds it through PULSE_SERVER."""
+    socket folder and the app finds it through PULSE_SERVER. ``input_dir``, a host folder only
+    the service writes, is the sandbox's ``/dev/input``: the service puts a virtual gamepad's
+    device nodes there when the controlling viewer plugs one in (encoder/gamepad.py)."""
     ro = sandbox.runtime_binds("encoder")
     if app.network:
         ro += sandbox.network_binds()
     rw: tuple[tuple[Path, Path], ...] = ((x11_dir, X11_DIR),)
     if home is not None:
         rw += ((home, sandbox.HOME),)
+    env = {"DISPLAY": f":{display}", APP_MARK: str(os.getpid()), **_pulse_env(settings, app)}
+    if input_dir is not None:
+        # no udev in the sandbox: SDL finds pads by watching /dev/input itself
+        env["SDL_JOYSTICK_DISABLE_UDEV"] = "1"
     return SandboxSpec(
         name=name,
         ro_binds=ro,
         rw_binds=rw,
-        env={"DISPLAY": f":{display}", APP_MARK: str(os.getpid()), **_pulse_env(settings, app)},
+        device_dirs=((input_dir, INPUT_DIR),) if input_dir is not None else (),
+        env=env,
         network=app.network,
         limits=limits(settings, app),
         uid=settings.sandbox_uid,
@@ -154,6 +169,9 @@ class SandboxedApp:
         self._link: Path | None = None
         #: the session's home folder on the host (owned by the sandbox's uid), once started
         self.home: Path | None = None
+        #: the host folder that is the sandbox's /dev/input (the service's own: the app may
+        #: read its device nodes, never add or replace one), once started
+        self.input_dir: Path | None = None
         #: the largest the display may be resized to (Xvfb's framebuffer)
         self.framebuffer = largest(
             app.width, app.height, settings.stream_resize_max_width,
@@ -174,7 +192,9 @@ class SandboxedApp:
 
     def spec(self) -> SandboxSpec:
         assert self._dir is not None and self.number is not None
-        return session_spec(self.settings, self.app, self._dir, self.number, self.name, self.home)
+        return session_spec(
+            self.settings, self.app, self._dir, self.number, self.name, self.home, self.input_dir
+        )
 
     def start(self) -> None:
         try:
@@ -185,6 +205,8 @@ class SandboxedApp:
             homes = self.settings.work_dir / "stream-homes"
             homes.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=homes))
+            self.input_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-input-", dir=SOCKETS))
+            self.input_dir.chmod(0o755)
             spec = self.spec()
             sandbox.owned_dir(self._dir, spec)
             sandbox.owned_dir(self.home, spec)
@@ -274,8 +296,8 @@ class SandboxedApp:
             if path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-        for folder in (self._dir, self.home):
+        for folder in (self._dir, self.home, self.input_dir):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
-        self._link = self._lock = self._dir = self.home = None
+        self._link = self._lock = self._dir = self.home = self.input_dir = None
         self.number = None

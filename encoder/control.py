@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from encoder.catalog import App, check_geometry
@@ -42,10 +43,12 @@ class InputControl:
         send: Callable[[str, dict[str, Any]], None] | None = None,
         record: Callable[[bool], None] | None = None,
         recording: Callable[[], bool] | None = None,
+        pad_devices: Callable[[], tuple[Path, int, int] | None] | None = None,
     ) -> None:
         self.session_id, self.app = session_id, app
         self.target, self.video_size, self.resize = target, video_size, resize
         self.send, self.record, self.recording = send, record, recording
+        self.pad_devices = pad_devices
         self.controller: str | None = None
         self.denied = 0
         self.clipboard: Clipboard | None = None
@@ -129,9 +132,24 @@ class InputControl:
         if index not in self.uinput:
             # the real controller where the host has uinput; else only the state is kept
             self.uinput[index] = open_pad(index)
+            self._expose(self.uinput[index])
         pad = self.uinput[index]
         if pad is not None:
             pad.apply(state)
+
+    def _expose(self, pad: UinputPad | None) -> None:
+        """Put a new controller's device nodes where a sandboxed app sees them."""
+        where = self.pad_devices() if self.pad_devices is not None else None
+        if pad is None or where is None:
+            return
+        try:
+            nodes = pad.expose(*where)
+        except OSError as exc:  # mknod needs root; the pad then works for host apps only
+            log.warning("event=gamepad_not_in_sandbox session=%s error=%r", self.session_id,
+                        exc.strerror)  # fmt: skip
+            return
+        log.info("event=gamepad_in_sandbox session=%s nodes=%s", self.session_id,
+                 ",".join(node.name for node in nodes))  # fmt: skip
 
     def handle(self, viewer_id: str, message: dict[str, Any]) -> dict[str, Any] | None:
         """Apply one data-channel message; the reply to send back, if any."""

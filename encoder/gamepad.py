@@ -1,6 +1,10 @@
 """Gamepads: the browser's standard-mapping Gamepad state turned into Linux input events of a
 virtual controller (uinput), which the session's app reads like a plugged-in pad.
 
+The kernel makes the controller's device nodes on the host (``eventN``, ``jsN``); a sandboxed
+app sees only its session's ``/dev/input`` (encoder/appbox.py), so ``UinputPad.expose`` makes
+the same nodes there, owned by the sandbox's uid (which needs the service to be root: mknod).
+
 Where /dev/uinput cannot be opened (a VM or container without it), ``open_pad`` says so and
 the session keeps only the last state its viewer sent.
 """
@@ -11,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +53,30 @@ UI_DEV_CREATE, UI_DEV_DESTROY = 0x5501, 0x5502
 UI_DEV_SETUP, UI_ABS_SETUP = 0x405C5503, 0x401C5504
 UI_SET_EVBIT, UI_SET_KEYBIT, UI_SET_ABSBIT = 0x40045564, 0x40045565, 0x40045567
 BUS_VIRTUAL = 0x06
+#: UI_GET_SYSNAME(len): the device's name under /sys/devices/virtual/input ("input17")
+SYSNAME_LEN = 64
+UI_GET_SYSNAME = 0x80000000 | (SYSNAME_LEN << 16) | (ord("U") << 8) | 44
+#: where the kernel lists a virtual input device's nodes
+VIRTUAL_INPUT = Path("/sys/devices/virtual/input")
+#: the nodes an app reads a pad through: evdev, and the older joystick API
+NODE_PREFIXES = ("event", "js")
+
+
+def expose_nodes(device: Path, folder: Path, uid: int, gid: int) -> list[Path]:
+    """Make the device nodes of the input device at ``device`` (its sysfs folder) in
+    ``folder``, owned by ``uid``:``gid``, mode 0600; the nodes made. Each node's number is the
+    kernel's own (``<node>/dev``: "major:minor"); a name already there is replaced."""
+    made = []
+    for entry in sorted(device.iterdir()):
+        if not entry.name.startswith(NODE_PREFIXES) or not (entry / "dev").is_file():
+            continue
+        major, minor = (int(v) for v in (entry / "dev").read_text().strip().split(":"))
+        node = folder / entry.name
+        node.unlink(missing_ok=True)
+        os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(major, minor))
+        os.chown(node, uid, gid)
+        made.append(node)
+    return made
 
 
 @dataclass(frozen=True)
@@ -96,6 +125,8 @@ class UinputPad:
     """A virtual controller made through ``/dev/uinput`` (or ``path``)."""
 
     def __init__(self, index: int, path: Path = UINPUT) -> None:
+        #: the device nodes ``expose`` made for a sandbox (removed with the pad)
+        self.nodes: list[Path] = []
         self.fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
         try:
             self._setup(index)
@@ -122,12 +153,20 @@ class UinputPad:
         fcntl.ioctl(self.fd, UI_DEV_SETUP, setup)
         fcntl.ioctl(self.fd, UI_DEV_CREATE)
 
+    def expose(self, folder: Path, uid: int, gid: int) -> list[Path]:
+        """Make this controller's device nodes in ``folder`` (a sandbox's /dev/input)."""
+        name = fcntl.ioctl(self.fd, UI_GET_SYSNAME, bytes(SYSNAME_LEN))
+        self.nodes = expose_nodes(VIRTUAL_INPUT / name.rstrip(b"\0").decode(), folder, uid, gid)
+        return self.nodes
+
     def apply(self, state: PadState) -> None:
         # struct input_event: timeval (two longs), type, code, value
         data = b"".join(struct.pack("@llHHi", 0, 0, t, c, v) for t, c, v in events(state))
         os.write(self.fd, data)
 
     def close(self) -> None:
+        for node in self.nodes:
+            node.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             fcntl.ioctl(self.fd, UI_DEV_DESTROY)
         with contextlib.suppress(OSError):

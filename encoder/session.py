@@ -14,6 +14,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 
 from encoder.audio import AudioFeed
@@ -107,7 +108,7 @@ class StreamSession:
         self.control = InputControl(
             self.id, app, _weak(self._input_target), _weak(self._video_size),
             _weak(self._resize), send=_weak(self._send_to), record=_weak(self.record),
-            recording=_weak(self._recording_on),
+            recording=_weak(self._recording_on), pad_devices=_weak(self._pad_devices),
         )  # fmt: skip
         #: the MP4 being written while the controlling viewer records (encoder/recording.py)
         self.recording: Recording | None = None
@@ -199,6 +200,9 @@ class StreamSession:
 
     def _input_target(self) -> XInput | None:
         return self.source.input
+
+    def _pad_devices(self) -> tuple[Path, int, int] | None:
+        return self.source.pad_devices
 
     def _recording_on(self) -> bool:
         return self.recording is not None

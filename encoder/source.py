@@ -58,6 +58,12 @@ class Source:
         return None
 
     @property
+    def pad_devices(self) -> tuple[Path, int, int] | None:
+        """Where a virtual gamepad's device nodes go for the app to see them, and the uid and
+        gid to own them (None: the app sees the host's /dev/input, or no display at all)."""
+        return None
+
+    @property
     def has_audio(self) -> bool:
         """The app plays into a sound server of the session's (start_audio captures it)."""
         return False
@@ -239,6 +245,11 @@ class SandboxedSource(Source):
     @property
     def home(self) -> Path | None:
         return self.box.home
+
+    @property
+    def pad_devices(self) -> tuple[Path, int, int] | None:
+        folder, settings = self.box.input_dir, self.box.settings
+        return None if folder is None else (folder, settings.sandbox_uid, settings.sandbox_gid)
 
 
 def make_source(app: App, settings: Settings | None = None, name: str = "session") -> Source:

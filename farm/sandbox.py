@@ -92,6 +92,9 @@ class SandboxSpec:
     chdir: Path = HOME
     devices: tuple[Path, ...] = ()
     """Device nodes passed through (``/dev/nvidia0``); /dev otherwise holds only the basics."""
+    device_dirs: tuple[Bind, ...] = ()
+    """Host folders whose device nodes the sandbox may use, bound live (a stream session's
+    ``/dev/input``, where the service adds a virtual gamepad's nodes once a viewer plugs one)."""
     as_caller: bool = False
     """Run as the caller's own uid, through a user namespace, even as root (no ``setpriv``): for
     a local user's own files (``farm render FILE``), which the sandbox uid may not read. The
@@ -398,6 +401,7 @@ def bwrap_argv(
     args += _bind_args("--bind", spec.rw_binds)
     for device in spec.devices:
         args += ["--dev-bind", str(device), str(device)]
+    args += _bind_args("--dev-bind", spec.device_dirs)
     env = {"HOME": str(HOME), "PATH": "/usr/local/bin:/usr/bin:/bin", "USER": "sandbox"}
     for key, value in {**env, **spec.env}.items():
         args += ["--setenv", key, value]

@@ -1,17 +1,27 @@
 """Gamepads: the browser's standard mapping turned into a virtual controller's input events,
-and (where the host has /dev/uinput) a controller the session's app can read."""
+and (where the host has /dev/uinput) a controller the session's app can read; its device
+nodes made in the session's sandbox, where the app sees them (this VM has no /dev/uinput: the
+nodes' path into the sandbox is tested with a node of /dev/null's number)."""
 
 from __future__ import annotations
 
 import os
 import select
+import stat
 import struct
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from encoder import gamepad as gp
-from encoder.gamepad import UINPUT, PadState, events, open_pad
+from encoder.catalog import App
+from encoder.gamepad import UINPUT, PadState, events, expose_nodes, open_pad
+from encoder.source import SandboxedSource, make_source
+from farm.settings import Settings
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
 
 
 def test_a_pad_state_becomes_the_whole_pads_events() -> None:
@@ -71,3 +81,83 @@ def _event_node(name: str) -> Path:
         if (entry / "device" / "name").read_text().strip() == name:
             return Path("/dev/input") / entry.name
     raise AssertionError(f"no input device named {name!r}")
+
+
+def _fake_sysfs(root: Path, *nodes: str) -> Path:
+    """A virtual input device's sysfs folder whose ``nodes`` have /dev/null's number."""
+    device = root / "input17"
+    for name in nodes:
+        (device / name).mkdir(parents=True)
+        (device / name / "dev").write_text("1:3\n")
+    (device / "power").mkdir()  # not a node
+    (device / "name").write_text("Tessera virtual pad 0\n")
+    return device
+
+
+@as_root
+def test_a_pads_nodes_are_made_with_the_kernels_numbers_for_the_sandboxs_uid(
+    tmp_path: Path,
+) -> None:
+    device = _fake_sysfs(tmp_path / "sys", "event5", "js2")
+    folder = tmp_path / "dev-input"
+    folder.mkdir()
+    made = expose_nodes(device, folder, 64000, 64001)
+    assert [node.name for node in made] == ["event5", "js2"]
+    for node in made:
+        info = node.lstat()
+        assert stat.S_ISCHR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == (1, 3)
+        assert (info.st_uid, info.st_gid) == (64000, 64001)
+    # made again (the same index after a restart): replaced, not an error
+    assert expose_nodes(device, folder, 64000, 64001) == made
+
+
+#: the app of the test below: waits for /dev/input/event0, opens it, tries to add a node of its
+#: own, and writes what it saw into its home folder
+PAD_PROBE = """
+import os, time
+node = "/dev/input/event0"
+for _ in range(400):
+    if os.path.exists(node):
+        break
+    time.sleep(0.05)
+try:
+    fd = os.open(node, os.O_RDONLY)
+    rdev = os.fstat(fd).st_rdev
+    seen = f"opened {os.major(rdev)}:{os.minor(rdev)}"
+except OSError as exc:
+    seen = f"not opened: {exc.strerror}"
+try:
+    open("/dev/input/mine", "w").close()
+    added = "added"
+except OSError:
+    added = "refused"
+with open(os.path.expanduser("~/seen.tmp"), "w") as out:
+    out.write(f"{seen} uid={os.getuid()} {added} {sorted(os.listdir('/dev/input'))}")
+os.rename(os.path.expanduser("~/seen.tmp"), os.path.expanduser("~/seen"))
+time.sleep(60)
+"""
+
+
+@as_root
+@pytest.mark.usefixtures("no_orphans")
+def test_a_sandboxed_app_sees_a_pad_plugged_in_after_it_started(tmp_path: Path) -> None:
+    settings = Settings().with_(work_dir=tmp_path)
+    app = App("padprobe", "pad probe", (sys.executable, "-c", PAD_PROBE), 320, 240, 30)
+    source = make_source(app, settings, "padprobe")
+    assert isinstance(source, SandboxedSource)
+    source.start(lambda reason: None)
+    try:
+        where = source.pad_devices
+        assert where is not None
+        folder, uid, gid = where
+        assert not list(folder.iterdir())  # no pad yet
+        expose_nodes(_fake_sysfs(tmp_path / "sys", "event0"), folder, uid, gid)
+        assert source.home is not None
+        seen, deadline = source.home / "seen", time.monotonic() + 20
+        while not seen.exists():
+            assert time.monotonic() < deadline, "the app did not report"
+            time.sleep(0.05)
+        assert seen.read_text() == f"opened 1:3 uid={settings.sandbox_uid} refused ['event0']"
+    finally:
+        source.stop()
