@@ -56,6 +56,8 @@ class InputControl:
         self.pads: dict[int, PadState] = {}
         #: each gamepad's virtual controller (None where the host has no uinput)
         self.uinput: dict[int, UinputPad | None] = {}
+        #: the folder each controller's device nodes were last made in (the sandbox's)
+        self._exposed: dict[int, Path] = {}
         #: the size of the display the pointer moves on
         self.screen = (app.width, app.height)
         #: the input target ``screen`` was measured on (a restarted display starts anew)
@@ -126,22 +128,25 @@ class InputControl:
             if pad is not None:
                 pad.close()
         self.uinput.clear()
+        self._exposed.clear()
 
     def _pad(self, index: int, state: PadState) -> None:
         self.pads[index] = state
         if index not in self.uinput:
             # the real controller where the host has uinput; else only the state is kept
             self.uinput[index] = open_pad(index)
-            self._expose(self.uinput[index])
         pad = self.uinput[index]
         if pad is not None:
+            self._expose(index, pad)
             pad.apply(state)
 
-    def _expose(self, pad: UinputPad | None) -> None:
-        """Put a new controller's device nodes where a sandboxed app sees them."""
+    def _expose(self, index: int, pad: UinputPad) -> None:
+        """Put a controller's device nodes where the sandboxed app sees them, once per sandbox
+        (a restarted display's sandbox has a new /dev/input folder)."""
         where = self.pad_devices() if self.pad_devices is not None else None
-        if pad is None or where is None:
+        if where is None or self._exposed.get(index) == where[0]:
             return
+        self._exposed[index] = where[0]  # tried: a failure is not tried again for each state
         try:
             nodes = pad.expose(*where)
         except OSError as exc:  # mknod needs root; the pad then works for host apps only

@@ -17,6 +17,7 @@ import pytest
 
 from encoder import gamepad as gp
 from encoder.catalog import App
+from encoder.control import InputControl
 from encoder.gamepad import UINPUT, PadState, events, expose_nodes, open_pad
 from encoder.source import SandboxedSource, make_source
 from farm.settings import Settings
@@ -161,3 +162,46 @@ def test_a_sandboxed_app_sees_a_pad_plugged_in_after_it_started(tmp_path: Path) 
         assert seen.read_text() == f"opened 1:3 uid={settings.sandbox_uid} refused ['event0']"
     finally:
         source.stop()
+
+
+class ExposedPad:
+    """A controller that records where its nodes were made (``fail_in``: mknod refused)."""
+
+    def __init__(self, fail_in: Path | None = None) -> None:
+        self.nodes: list[Path] = []
+        self.made_in: list[Path] = []
+        self.states = 0
+        self.fail_in = fail_in
+
+    def expose(self, folder: Path, uid: int, gid: int) -> list[Path]:
+        self.made_in.append(folder)
+        if folder == self.fail_in:
+            raise PermissionError(1, "Operation not permitted")
+        self.nodes = [folder / "event0"]
+        return self.nodes
+
+    def apply(self, state: PadState) -> None:
+        self.states += 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_pads_nodes_follow_the_sandbox_once_each_and_a_refusal_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pad = ExposedPad(fail_in=tmp_path / "c")
+    monkeypatch.setattr("encoder.control.open_pad", lambda index: pad)
+    folder = [tmp_path / "a"]
+    app = App("probe", "probe", ("true",), 320, 240, 30)
+    control = InputControl(
+        "s", app, lambda: None, lambda: (320, 240), lambda w, h: None,
+        pad_devices=lambda: (folder[0], 64000, 64000),
+    )  # fmt: skip
+    control.joined("viewer", "player")
+    press = {"t": "gp", "i": 0, "b": [1.0], "a": [0.0]}
+    for where in ("a", "a", "b", "b", "c", "c", "c"):  # a restarted display: a new folder
+        folder[0] = tmp_path / where
+        control.handle("viewer", press)
+    assert pad.states == 7
+    assert pad.made_in == [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
