@@ -74,7 +74,7 @@ def expose_nodes(device: Path, folder: Path, uid: int, gid: int) -> list[Path]:
         node = folder / entry.name
         node.unlink(missing_ok=True)
         os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(major, minor))
-        os.chown(node, uid, gid)
+        os.chown(node, uid, gid, follow_symlinks=False)
         made.append(node)
     return made
 
