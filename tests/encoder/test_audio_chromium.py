@@ -194,11 +194,13 @@ def recorded_pairs(path: Path) -> tuple[list[float], list[float]]:
         loud = False
         for sound in container.decode(audio=0):
             samples = np.abs(sound.to_ndarray()[0])
-            for at in np.flatnonzero(samples > 0.2)[:1] if not loud else []:
-                time_ms = (float(sound.time or 0) + at / sound.sample_rate) * 1000
-                if not beeps or time_ms - beeps[-1] > 300:
+            loud_at = np.flatnonzero(samples > 0.2)
+            if not loud and loud_at.size:
+                time_ms = (float(sound.time or 0) + loud_at[0] / sound.sample_rate) * 1000
+                if not beeps or time_ms - beeps[-1] > 300:  # one beep is 100 ms
                     beeps.append(time_ms)
-            loud = bool(samples.max() > 0.02) if loud else bool(samples.max() > 0.2)
+            # a beep lasts until a packet is nearly silent
+            loud = bool(samples.max() > 0.02) if loud else bool(loud_at.size)
     return beeps, flashes
 
 
@@ -227,7 +229,8 @@ def test_a_recording_keeps_each_beep_with_its_flash(service: StreamService, page
     stored = session.recorded[0]
     assert stored["sound"] > 50 * (PAIRS // 2)  # 20 ms packets
     beeps, flashes = recorded_pairs(service.settings.storage_dir / stored["key"])
-    measured = offsets(beeps, flashes)
+    # a recording stopped between a flash and its beep ends on a flash without one
+    measured = offsets(beeps, [f for f in flashes if f <= beeps[-1] + 500])
     print(f"recorded beep - flash offsets (ms): {[round(m, 1) for m in measured]}")
     assert len(measured) >= PAIRS // 2
     assert all(abs(m) <= MAX_RECORDED_OFFSET_MS for m in measured), measured
