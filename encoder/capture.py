@@ -25,6 +25,11 @@ log = logging.getLogger("tessera.stream")
 TIME_BASE = Fraction(1, 90_000)
 
 
+def capture_us_of(pts: int) -> int:
+    """The capture time (microseconds since the epoch) a frame's pts stands for."""
+    return pts * 100 // 9
+
+
 @dataclass(frozen=True)
 class Captured:
     frame: VideoFrame

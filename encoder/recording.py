@@ -12,17 +12,16 @@ from pathlib import Path
 
 import av
 
+from encoder.audio import RATE
+from encoder.capture import TIME_BASE, capture_us_of
 from encoder.videoencoder import Packet
 from farm.errors import FarmError, SourceFailed
 from farm.storage.base import Storage
 
 log = logging.getLogger("tessera.stream")
 
-#: the encoder's packets carry their capture time in RTP's 90 kHz clock
-TIME_BASE = Fraction(1, 90_000)
 #: the sound's clock: Opus at 48 kHz
-AUDIO_RATE = 48_000
-AUDIO_TIME_BASE = Fraction(1, AUDIO_RATE)
+AUDIO_TIME_BASE = Fraction(1, RATE)
 #: H.264 Annex B start codes before each NAL unit
 _START = re.compile(b"\x00\x00\x01")
 #: NAL unit types of the parameter sets (SPS, PPS) an MP4 keeps in its header
@@ -94,8 +93,7 @@ class Recording:
         before the recording's first frame is left out."""
         if self.closed or self._out is None or self._audio is None:
             return
-        start_us = self._first_pts * 100 // 9
-        pts = (capture_us - start_us) * AUDIO_RATE // 1_000_000
+        pts = (capture_us - capture_us_of(self._first_pts)) * RATE // 1_000_000
         if pts < 0 or pts <= self._last_audio_pts:
             return
         self._last_audio_pts = pts
@@ -125,7 +123,7 @@ class Recording:
         stream.time_base = TIME_BASE
         stream.codec_context.extradata = parameter_sets(keyframe)
         if self.opus_head is not None:
-            sound = out.add_stream("libopus", rate=AUDIO_RATE, layout="stereo")
+            sound = out.add_stream("libopus", rate=RATE, layout="stereo")
             sound.time_base = AUDIO_TIME_BASE
             sound.codec_context.extradata = self.opus_head
             self._audio = sound

@@ -18,6 +18,7 @@ from aiohttp import WSMsgType, web
 from aiortc.mediastreams import MediaStreamError
 
 from encoder.audio import AudioTrack
+from encoder.capture import capture_us_of
 from encoder.peers import MAX_PENDING_FRAMES, PacketTrack, with_service_share
 from encoder.videoencoder import Packet
 
@@ -34,17 +35,15 @@ SOUND = 0x02
 #: beyond the frames queued for it. Small, so that a viewer that cannot keep up drops to the next
 #: keyframe within a few frames instead of watching seconds-old video out of a deep buffer
 SEND_BUFFER_BYTES = 256 * 1024
-#: ``pts`` of a captured frame is its capture time on RTP's 90 kHz clock (encoder/capture.py)
-PTS_PER_US = 9 / 100
 
 
 def video_message(packet: Packet, keyframe: bool) -> bytes:
-    capture_us = int((packet.pts or 0) / PTS_PER_US)
+    capture_us = capture_us_of(packet.pts or 0)
     return HEADER.pack(VERSION, KEYFRAME if keyframe else 0, capture_us) + bytes(packet)
 
 
 def sound_message(packet: Packet, capture_us: int) -> bytes:
-    return HEADER.pack(VERSION, SOUND, max(0, capture_us)) + bytes(packet)
+    return HEADER.pack(VERSION, SOUND, capture_us) + bytes(packet)
 
 
 class WsViewer:

@@ -577,8 +577,6 @@ function soundPlayer(pictureDelayMs) {
   const volume = ctx.createGain();
   volume.connect(ctx.destination);
   const tap = ctx.createMediaStreamDestination();  // tessera.audioStream, as over WebRTC
-  // played, dropped (behind their place), gaps (ran dry); the last packet's delay from capture
-  // to heard, the picture's from capture to decoded, and the margin now (ms)
   const stats = tessera.sound = {
     played: 0, dropped: 0, gaps: 0, delay_ms: null, picture_ms: null,
     margin_ms: SOUND_MARGIN_S.least * 1000,
@@ -590,9 +588,9 @@ function soundPlayer(pictureDelayMs) {
     decoder.configure({ codec: "opus", sampleRate: 48000, numberOfChannels: 2 });
   }
 
-  // the AudioContext time at which a sound captured at `captureUs` is heard with the picture
-  function placeOf(captureUs, heard) {
-    const delay = pictureDelayMs();
+  // the AudioContext time at which a sound captured at `captureUs` is heard with a picture
+  // `delay` ms late (0: no picture yet)
+  function placeOf(captureUs, delay, heard) {
     if (delay === null) return 0;
     const wantPerf = captureUs / 1000 + delay - performance.timeOrigin;
     return heard.contextTime + (wantPerf - heard.performanceTime) / 1000;
@@ -611,12 +609,12 @@ function soundPlayer(pictureDelayMs) {
     }
     const captureUs = data.timestamp;
     data.close();
-    const now = ctx.currentTime, heard = ctx.getOutputTimestamp();
+    const now = ctx.currentTime, heard = ctx.getOutputTimestamp(), delay = pictureDelayMs();
     if (now - calmSince > SOUND_MARGIN_S.calm_s && margin > SOUND_MARGIN_S.least) {
       margin = Math.max(margin - SOUND_MARGIN_S.step / 2, SOUND_MARGIN_S.least);
       calmSince = now;
     }
-    const place = Math.max(placeOf(captureUs, heard), now + margin);
+    const place = Math.max(placeOf(captureUs, delay, heard), now + margin);
     if (playhead < now) {
       if (playhead > 0) ranDry(now);
       else calmSince = now;
@@ -637,7 +635,7 @@ function soundPlayer(pictureDelayMs) {
     stats.played++;
     stats.delay_ms = round(heard.performanceTime + (playhead - heard.contextTime) * 1000
       + performance.timeOrigin - captureUs / 1000, 1);
-    stats.picture_ms = pictureDelayMs() === null ? null : round(pictureDelayMs(), 1);
+    stats.picture_ms = delay === null ? null : round(delay, 1);
     stats.margin_ms = round(margin * 1000, 0);
     playhead += buffer.duration / rate;
   }
