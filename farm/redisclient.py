@@ -157,7 +157,7 @@ def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) ->
     except BadParameter as exc:
         raise QueueError(exc.message) from exc
     # the Sentinels get the same timeouts; the password is the data nodes' (requirepass)
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(
         list(address.sentinels),
         sentinel_kwargs={
             "socket_timeout": options["socket_timeout"],
