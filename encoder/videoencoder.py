@@ -15,6 +15,7 @@ from av.packet import Packet as AvPacket
 from av.video.codeccontext import VideoCodecContext
 from av.video.frame import PictureType, VideoFrame
 
+from encoder.avoptions import OpenOptions
 from encoder.capture import TIME_BASE
 from farm.errors import BadParameter, EncoderUnavailable
 from farm.settings import NVENC_MODES
@@ -76,6 +77,8 @@ class VideoEncoder:
         self.keyframes = 0
         self._last_pts = -1
         self.ctx = self._open(self.backend or self.codec_name, self.options)
+        self._open_options = OpenOptions.of(self.ctx)
+        self._apply_bitrate(self.bitrate_bps)
 
     def build_options(self) -> dict[str, str]:
         raise NotImplementedError
@@ -95,7 +98,6 @@ class VideoEncoder:
             ctx.gop_size = cfg.fps * GOP_S
             ctx.options = options
             ctx.open()
-            ctx.bit_rate = self.bitrate_bps
         except (av.FFmpegError, ValueError) as exc:
             raise EncoderUnavailable(
                 f"{codec} could not be opened for {cfg.width}x{cfg.height}@{cfg.fps}: {exc}",
@@ -109,11 +111,20 @@ class VideoEncoder:
         nvEncReconfigureEncoder through FFmpeg), never rebuilt."""
         self._wanted_bps = self.config.clamp(bps)
 
+    def _apply_bitrate(self, bps: int) -> None:
+        """The new rate, its peak and a rate buffer of one frame at it: a frame larger than the
+        path carries in a frame interval (a scene change, a keyframe) is not made, it is coded
+        coarser. Without the open-options hook the buffer stays one frame at the top rate."""
+        self.ctx.bit_rate = bps
+        self.bitrate_bps = bps
+        if self._open_options is not None:
+            self._open_options.set("maxrate", bps)
+            self._open_options.set("bufsize", bps // self.config.fps)
+
     def encode(self, frame: VideoFrame, keyframe: bool = False) -> list[Packet]:
         wanted = self._wanted_bps
         if abs(wanted - self.bitrate_bps) > self.bitrate_bps * BITRATE_HYSTERESIS:
-            self.ctx.bit_rate = wanted
-            self.bitrate_bps = wanted
+            self._apply_bitrate(wanted)
             self.bitrate_changes += 1
         cfg = self.config
         if frame.format.name != self.pix_fmt or (frame.width, frame.height) != (
@@ -153,7 +164,7 @@ class X264Encoder(VideoEncoder):
             "preset": "ultrafast",
             "tune": "zerolatency",
             "forced-idr": "1",
-            # the rate buffer holds one frame at the top rate: no frame waits on the link
+            # opened at the top rate, then one frame at the current rate (_apply_bitrate)
             "maxrate": str(cfg.max_bps),
             "bufsize": str(cfg.max_bps // cfg.fps),
         }

@@ -131,3 +131,23 @@ def test_the_first_bitrate_scales_with_pixels_and_rate() -> None:
     assert start_bitrate(1280, 720, 60, 500_000, 20_000_000) == 5_529_600
     assert start_bitrate(64, 64, 1, 500_000, 20_000_000) == 500_000
     assert start_bitrate(3840, 2160, 144, 500_000, 20_000_000) == 20_000_000
+
+
+@pytest.mark.parametrize("mode", ["off", "fake"])
+def test_after_the_bitrate_drops_no_frame_is_larger_than_the_path_carries_in_a_frame(
+    mode: str,
+) -> None:
+    # a slow path (1 Mbit/s: 4.2 KB a frame at 30 fps) and a scene change: each frame fully new
+    config = EncoderConfig(**{**CONFIG.__dict__, "gpu_index": 0 if mode == "fake" else None})
+    encoder = open_encoder(mode, config)
+    clip = frames(40, noisy=True)
+    for frame in clip[:10]:
+        encoder.encode(frame)
+    encoder.set_bitrate(1_000_000)
+    sizes = [
+        sum(p.size for p in encoder.encode(f, keyframe=i == 20)) for i, f in enumerate(clip[10:])
+    ]
+    per_frame = 1_000_000 // 30 // 8
+    # one frame of the rate buffer, and x264's margin on it (measured: at most 0.99 of it)
+    assert max(sizes) <= per_frame * 1.25, (max(sizes), per_frame)
+    assert sum(sizes) / len(sizes) <= per_frame * 1.1
