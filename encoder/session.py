@@ -615,6 +615,8 @@ class StreamSession:
             "stats": self.stats(),
             "recording": self.recording is not None,
             "recordings": self.recorded,
+            # viewers hold the picture back for the sound (the player's lip sync)
+            "sound": self.audio is not None,
         }
 
     def stats(self) -> dict[str, Any]:

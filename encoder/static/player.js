@@ -55,6 +55,9 @@ const tessera = {
   // sound ran dry); the last packet's delay from capture to heard, the picture's from capture
   // to decoded, and the jitter margin (ms)
   sound: null,
+  // WebRTC lip sync (sessions with sound): how long each video frame is held for its sound,
+  // and the two delays it is made of (ms), updated each second; null: not holding
+  lipSync: null,
   setMuted,
   send,
   takeControl,
@@ -184,7 +187,7 @@ async function startSession(event) {
     url.searchParams.set("session", session.session_id);
     history.replaceState(null, "", url);
     $("start").hidden = true;
-    await join(session.session_id, params.get("role") || "player");
+    await join(session.session_id, params.get("role") || "player", session.sound);
   } catch (err) {
     setState(Object.hasOwn(REFUSALS, err.code) ? "refused" : "failed");
     showError(err);
@@ -213,12 +216,14 @@ function gatheringComplete(peer) {
   });
 }
 
-async function join(sid, role) {
+async function join(sid, role, sound) {
   if (params.get("transport") === "ws" || !window.RTCPeerConnection) return joinWs(sid, role);
   tessera.transport = "webrtc";
   setState("connecting");
   clearError();
-  pc = new RTCPeerConnection({ iceServers: await iceServers() });
+  lipSync.on = lipSyncWanted(sound === undefined ? await sessionHasSound(sid) : sound);
+  // insertable streams are asked for when the connection is made, or never
+  pc = new RTCPeerConnection({ iceServers: await iceServers(), encodedInsertableStreams: lipSync.on });
   const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
   lowDelay(transceiver.receiver);
   preferH264(transceiver);
@@ -233,6 +238,7 @@ async function join(sid, role) {
 
   pc.ontrack = (event) => {
     lowDelay(event.receiver);
+    if (lipSync.on) holdFrames(event.receiver, event.track.kind);
     if (event.track.kind === "audio") return playAudio(event.track);
     video.srcObject = event.streams[0] || new MediaStream([event.track]);
     playVideo();
@@ -1047,7 +1053,103 @@ async function updateStats() {
     if (inbound.frameWidth) { tessera.frameWidth = inbound.frameWidth; tessera.frameHeight = inbound.frameHeight; }
     if (st.frames_decoded > 0 && tessera.state === "connecting") setState("playing");
   }
+  followSound(report);
   render();
+}
+
+// ------------------------------------------------------------------ lip sync
+// Over WebRTC a session's sound reaches the ear later than its picture reaches the screen: an
+// Opus packet holds 20 ms of sound before it is sent, and the browser keeps sound in its jitter
+// buffer (20-40 ms) and its output device (30 ms headless) while a frame is shown as soon as it
+// is decoded. Chromium's own lip sync does not hold this picture back (a video receiver's
+// jitterBufferTarget changed nothing in Chromium 156), so the player does: each encoded video
+// frame waits `holdMs` before the decoder gets it (encoded insertable streams), holdMs
+// following, each second, the sound's delay over the picture's from the receivers' stats. Only
+// sessions with sound, and only while it is heard, pay it in latency; ?lipsync=0 turns it off
+// (latency first: a game). What the app's own sound buffer adds before the capture is not seen.
+const OPUS_PACKET_MS = 26.5;
+const LIPSYNC_MAX_MS = 300;
+// after its first value the hold moves at most this much a second (no visible jump)
+const LIPSYNC_STEP_MS = 20;
+const lipSync = { on: false, holdMs: 0, settled: false, prev: null, held: 0, heldMs: 0 };
+
+function lipSyncWanted(sound) {
+  return !!sound && params.get("lipsync") !== "0" && window.RTCRtpReceiver
+    && "createEncodedStreams" in RTCRtpReceiver.prototype;
+}
+
+async function sessionHasSound(sid) {
+  try {
+    return !!(await call("GET", `/api/streams/sessions/${encodeURIComponent(sid)}`)).sound;
+  } catch (err) {
+    return false;  // joining goes on; the error, if it matters, comes from the join itself
+  }
+}
+
+// With insertable streams on, every receiver's frames pass the page: sound as it comes, video
+// frames each released at its arrival plus the hold, in order.
+function holdFrames(receiver, kind) {
+  const { readable, writable } = receiver.createEncodedStreams();
+  if (kind !== "video") {
+    readable.pipeTo(writable);
+    return;
+  }
+  const writer = writable.getWriter();
+  const queue = [];
+  let timer = null;
+  const release = () => {
+    timer = null;
+    const now = performance.now();
+    while (queue.length && queue[0].at <= now + 0.5) {
+      const { frame, came } = queue.shift();
+      lipSync.held += 1;
+      lipSync.heldMs += now - came;
+      writer.write(frame);
+    }
+    if (queue.length) timer = setTimeout(release, queue[0].at - now);
+  };
+  readable.pipeTo(new WritableStream({
+    write(frame) {
+      const came = performance.now();
+      const last = queue.length ? queue[queue.length - 1].at : 0;
+      queue.push({ frame, came, at: Math.max(last, came + lipSync.holdMs) });
+      if (timer === null) release();
+    },
+  }));
+}
+
+function perItem(now, before, total, count) {
+  const n = (now[count] || 0) - (before[count] || 0);
+  return n > 0 ? 1000 * ((now[total] || 0) - (before[total] || 0)) / n : null;
+}
+
+// The hold for the next second: the sound's delay in this browser (jitter buffer, output
+// device, and the packet's own 20 ms) over the picture's (jitter buffer less what was held,
+// decoding).
+function followSound(report) {
+  if (!lipSync.on) return;
+  const now = { held: lipSync.held, heldMs: lipSync.heldMs };
+  report.forEach((s) => {
+    if (s.type === "inbound-rtp") now[s.kind] = s;
+    else if (s.type === "media-playout") now.playout = s;
+  });
+  const before = lipSync.prev;
+  lipSync.prev = now;
+  if (!before || !now.audio || !now.video || !before.audio || !before.video) return;
+  const soundBuffer = perItem(now.audio, before.audio, "jitterBufferDelay", "jitterBufferEmittedCount");
+  const pictureBuffer = perItem(now.video, before.video, "jitterBufferDelay", "jitterBufferEmittedCount");
+  if (soundBuffer === null || pictureBuffer === null) return;
+  const output = now.playout && before.playout
+    ? perItem(now.playout, before.playout, "totalPlayoutDelay", "totalSamplesCount") || 0 : 0;
+  const held = now.held > before.held ? (now.heldMs - before.heldMs) / (now.held - before.held) : 0;
+  const decode = perItem(now.video, before.video, "totalDecodeTime", "framesDecoded") || 0;
+  const soundMs = OPUS_PACKET_MS + soundBuffer + output;
+  const pictureMs = Math.max(0, pictureBuffer - held) + decode;
+  const wanted = tessera.muted ? 0 : Math.min(LIPSYNC_MAX_MS, Math.max(0, soundMs - pictureMs));
+  const step = lipSync.settled ? LIPSYNC_STEP_MS : LIPSYNC_MAX_MS;
+  lipSync.holdMs += Math.max(-step, Math.min(step, wanted - lipSync.holdMs));
+  lipSync.settled = true;
+  tessera.lipSync = { hold_ms: round(lipSync.holdMs, 1), sound_ms: round(soundMs, 1), picture_ms: round(pictureMs, 1) };
 }
 
 // ------------------------------------------------------------------ latency overlay

@@ -5,18 +5,16 @@ page hears each beep (WebAudio on the received track) and sees each flash (the d
 read back from a canvas), and their offset (median) is printed and bounded. A recording of the
 session holds the sound too, each beep with its flash.
 
-Issue #18 asks for 50 ms; this machine measures medians of 117-170 ms over runs (single
-pairs 93-198 ms, more when it is busier), the sound late: 25-30 ms from
-the app's write to the service's capture (the app's pacat buffer and pipe, then parec), the
-browser's audio jitter buffer (30-40 ms on a quiet run, 20 ms Opus packets, deeper as the
-machine's load makes the packets' arrival jitter) and its audio output path (about
-47 ms: ScriptProcessor and the headless output device's 32 ms), while the video is shown as
-soon as it is decoded (playout delay 0: the browser's lip sync, which would hold the picture
-back to the sound, is given up for the picture's latency). Over the WebSocket the player
-places the sound itself (encoder/static/player.js): 128-143 ms here, 73-80 ms of it from
-capture to heard. The test bounds the median at
-250 ms, above what this shared 2-core machine's load swings gave: it catches a sound path
-that lags by much more (sound held back a further 200 ms failed it), not the 50 ms goal."""
+Issue #18 asks for 50 ms. Over WebRTC the player holds each video frame for its sound (lip
+sync, encoder/static/player.js): medians of 43-55 ms here (3 runs), bounded at 80 ms; without
+the hold, 100-155 ms, the sound late: 25-30 ms from the app's write to the service's capture
+(the app's pacat buffer and pipe, then parec), the Opus packet (20 ms and the encoder's
+look-ahead), the browser's audio jitter buffer (20-45 ms, deeper as the machine's load makes
+the packets' arrival jitter) and its output device (30 ms headless), while a frame is shown as
+soon as it is decoded. The hold covers what the browser's stats show (all but the app's side
+of the capture). Over the WebSocket the player places the sound itself but does not hold the
+picture: 128-143 ms here, 73-80 ms of it from capture to heard, bounded at 250 ms (sound held
+back a further 200 ms failed it)."""
 
 from __future__ import annotations
 
@@ -43,9 +41,9 @@ from tests.encoder.test_player_chromium import end_session
 OPERATOR = tokens.operator()
 #: pairs of beep and flash measured
 PAIRS = 8
-#: the largest median offset between hearing a beep and seeing its flash (the module's
-#: docstring says why not the 50 ms issue #18 asks for)
-MAX_OFFSET_MS = 250.0
+#: the largest median offset between hearing a beep and seeing its flash, by transport (the
+#: module's docstring says why not the 50 ms issue #18 asks for)
+MAX_OFFSET_MS = {"webrtc": 80.0, "ws": 250.0}
 #: the largest offset between a beep and its flash in a recording: both are placed by their
 #: capture times, so only the app's own sound buffer and the frame tick part them
 MAX_RECORDED_OFFSET_MS = 50.0
@@ -156,6 +154,9 @@ def test_the_player_hears_each_beep_close_to_its_flash(
         timeout=TIMEOUT_MS,
     )
     assert page.evaluate("tessera.muted") is False  # the page plays the sound
+    if transport == "webrtc":  # the picture is held for the sound once both have stats
+        held = until("tessera.lipSync && tessera.lipSync.hold_ms > 0")
+        page.wait_for_function(held, timeout=TIMEOUT_MS)
     page.evaluate(LISTEN_JS)
     page.wait_for_function(
         until(f"beeps.length >= {PAIRS + 2} && flashes.length >= {PAIRS + 2}"), timeout=TIMEOUT_MS
@@ -167,7 +168,9 @@ def test_the_player_hears_each_beep_close_to_its_flash(
     print(f"beep - flash offsets (ms): {[round(m, 1) for m in measured]}, median {median:.1f}")
     # every flash has its beep (in its own period), and the median is bounded
     assert all(abs(m) < 400 for m in measured), measured
-    assert abs(median) <= MAX_OFFSET_MS, measured
+    assert abs(median) <= MAX_OFFSET_MS[transport], measured
+    if transport == "webrtc":
+        print(f"lip sync: {page.evaluate('tessera.lipSync')}")
     if transport == "ws":
         assert page.evaluate("tessera.transport") == "websocket"
         sound = page.evaluate("tessera.sound")
@@ -175,6 +178,18 @@ def test_the_player_hears_each_beep_close_to_its_flash(
         assert sound["played"] > 20 * PAIRS
     page.click("#sound")
     assert page.evaluate("tessera.muted && document.getElementById('audio').muted") is True
+    end_session(page, service)
+
+
+def test_with_lip_sync_off_the_picture_is_not_held(service: StreamService, page: Page) -> None:
+    page.goto(
+        f"{service.url}/player?app=beepflash&width=320&height=240&fps=60&autostart=1"
+        f"&token={OPERATOR}&lipsync=0"
+    )
+    page.wait_for_function(until("tessera.stats.frames_decoded > 60"), timeout=TIMEOUT_MS)
+    page.wait_for_timeout(2500)  # two stats periods: a hold would be set by now
+    held, buffer_ms = page.evaluate("[tessera.lipSync, tessera.stats.jitter_buffer_ms]")
+    assert held is None and buffer_ms is not None and buffer_ms < 30, (held, buffer_ms)
     end_session(page, service)
 
 
