@@ -221,7 +221,7 @@ async function join(sid, role, sound) {
   tessera.transport = "webrtc";
   setState("connecting");
   clearError();
-  lipSync.on = lipSyncWanted(sound === undefined ? await sessionHasSound(sid) : sound);
+  startLipSync(lipSyncWanted(sound === undefined ? await sessionHasSound(sid) : sound));
   // insertable streams are asked for when the connection is made, or never
   pc = new RTCPeerConnection({ iceServers: await iceServers(), encodedInsertableStreams: lipSync.on });
   const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
@@ -462,22 +462,27 @@ async function joinWs(sid, role) {
   const decodeStarted = new Map();
   let decoder = null, configured = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
   let last = { at: performance.now(), frames: 0, bytes: 0 };
-  let pictureDelayMs = null;
+  // how late the picture is without the lip sync's hold (capture to decoded), the last frame's
+  // and the sum over this second's frames
+  let pictureDelayMs = null, pictureSum = 0;
+  startLipSync(params.get("lipsync") !== "0");  // it holds nothing until sound comes
   st.codec = "video/H264 (WebSocket)";
 
   function newDecoder() {
     decoder = new VideoDecoder({
       output: (frame) => {
-        const began = decodeStarted.get(frame.timestamp);
+        const times = decodeStarted.get(frame.timestamp);
         decodeStarted.delete(frame.timestamp);
-        if (began !== undefined) {
-          decodeSum += performance.now() - began;
-          latency.arrivedAt = began;  // its message was handed to the decoder as it arrived
+        let heldMs = 0;
+        if (times !== undefined) {
+          decodeSum += performance.now() - times.decoding;
+          heldMs = times.decoding - times.arrived;
+          latency.arrivedAt = times.arrived;
         }
         frames++;
         st.frames_decoded++;
-        // how late the picture is (capture to shown): where the sound is placed to match it
-        pictureDelayMs = performance.timeOrigin + performance.now() - frame.timestamp / 1000;
+        pictureDelayMs = performance.timeOrigin + performance.now() - frame.timestamp / 1000 - heldMs;
+        pictureSum += pictureDelayMs;
         tessera.frameWidth = frame.displayWidth;
         tessera.frameHeight = frame.displayHeight;
         if (tessera.state === "connecting") setState("playing");
@@ -503,7 +508,8 @@ async function joinWs(sid, role) {
     bytes += buf.byteLength;
     st.bytes_received += buf.byteLength;
     if ((view.getUint8(1) & 2) === 2) {
-      if (!wsSound) wsSound = soundPlayer(() => pictureDelayMs);
+      // the sound is placed with the picture as shown: its delay and the hold
+      if (!wsSound) wsSound = soundPlayer(() => pictureDelayMs === null ? null : pictureDelayMs + lipSync.holdMs);
       if (wsSound) wsSound.decode(at, data);
       return;
     }
@@ -522,9 +528,14 @@ async function joinWs(sid, role) {
       behind();
       return;
     }
-    decodeStarted.set(at, performance.now());
-    decoder.decode(new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }));
+    holdVideo(new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }));
   }
+
+  const holdVideo = holder((chunk, arrived) => {
+    if (!decoder || decoder.state !== "configured") return;
+    decodeStarted.set(chunk.timestamp, { arrived, decoding: performance.now() });
+    decoder.decode(chunk);
+  });
 
   function wsStats() {
     send({ t: "ping", ts: performance.now() });
@@ -534,7 +545,9 @@ async function joinWs(sid, role) {
       st.bitrate_kbps = round(8 * (bytes - last.bytes) / dt / 1000, 0);
       if (frames > last.frames) st.decode_ms = round(decodeSum / (frames - last.frames), 2);
     }
-    decodeSum = 0;
+    const sound = wsSound && wsSound.earliest();
+    if (lipSync.on && sound !== null && frames > last.frames) setHold(sound, pictureSum / (frames - last.frames));
+    decodeSum = pictureSum = 0;
     last = { at: now, frames, bytes };
     if (decodeStarted.size > 100) decodeStarted.clear();
     render();
@@ -567,7 +580,8 @@ async function joinWs(sid, role) {
 // at the moment that keeps it with the picture (its capture time plus the picture's delay now)
 // and never sooner than a margin from now that covers the packets' arrival jitter (it grows
 // when the sound runs dry and shrinks back while it does not). Sound later than the picture is
-// played as soon as the margin allows: the picture is never held back for it.
+// played as soon as the margin allows, and the lip sync holds the picture for it (its delay
+// when played that soon is earliest()).
 const SOUND_MARGIN_S = { least: 0.01, most: 0.08, step: 0.01, calm_s: 10 };
 // a packet that would play this far beyond its place (a burst after a stall) is dropped;
 // nearer, the sound plays this much faster until it is back at its place (NetEq's accelerate,
@@ -588,6 +602,8 @@ function soundPlayer(pictureDelayMs) {
     margin_ms: SOUND_MARGIN_S.least * 1000,
   };
   let margin = SOUND_MARGIN_S.least, calmSince = 0, playhead = 0, decoder = null;
+  // the capture-to-heard delay of packets played as early as the margin allows, summed
+  let earliestSum = 0, earliestCount = 0;
 
   function newDecoder() {
     decoder = new AudioDecoder({ output: play, error: () => { decoder = null; } });
@@ -620,7 +636,11 @@ function soundPlayer(pictureDelayMs) {
       margin = Math.max(margin - SOUND_MARGIN_S.step / 2, SOUND_MARGIN_S.least);
       calmSince = now;
     }
-    const place = Math.max(placeOf(captureUs, delay, heard), now + margin);
+    const soonest = now + margin;
+    earliestSum += heard.performanceTime + (soonest - heard.contextTime) * 1000
+      + performance.timeOrigin - captureUs / 1000;
+    earliestCount++;
+    const place = Math.max(placeOf(captureUs, delay, heard), soonest);
     if (playhead < now) {
       if (playhead > 0) ranDry(now);
       else calmSince = now;
@@ -651,6 +671,12 @@ function soundPlayer(pictureDelayMs) {
     decode(captureUs, data) {
       if (!decoder || decoder.state === "closed") newDecoder();
       decoder.decode(new EncodedAudioChunk({ type: "key", timestamp: captureUs, data }));
+    },
+    // this second's mean delay of sound played as soon as it can be (null: none played)
+    earliest() {
+      const mean = earliestCount ? earliestSum / earliestCount : null;
+      earliestSum = earliestCount = 0;
+      return mean;
     },
     start() {
       ctx.resume();
@@ -1067,11 +1093,19 @@ async function updateStats() {
 // following, each second, the sound's delay over the picture's from the receivers' stats. Only
 // sessions with sound, and only while it is heard, pay it in latency; ?lipsync=0 turns it off
 // (latency first: a game). What the app's own sound buffer adds before the capture is not seen.
+// Over the WebSocket the encoded frames wait the same way before the decoder, the hold
+// following the sound's capture-to-heard delay (when played as soon as it can be) over the
+// picture's capture-to-decoded one.
 const OPUS_PACKET_MS = 26.5;
 const LIPSYNC_MAX_MS = 300;
 // after its first value the hold moves at most this much a second (no visible jump)
 const LIPSYNC_STEP_MS = 20;
 const lipSync = { on: false, holdMs: 0, settled: false, prev: null, held: 0, heldMs: 0 };
+
+function startLipSync(on) {
+  Object.assign(lipSync, { on, holdMs: 0, settled: false, prev: null });
+  tessera.lipSync = null;
+}
 
 function lipSyncWanted(sound) {
   return !!sound && params.get("lipsync") !== "0" && window.RTCRtpReceiver
@@ -1086,15 +1120,8 @@ async function sessionHasSound(sid) {
   }
 }
 
-// With insertable streams on, every receiver's frames pass the page: sound as it comes, video
-// frames each released at its arrival plus the hold, in order.
-function holdFrames(receiver, kind) {
-  const { readable, writable } = receiver.createEncodedStreams();
-  if (kind !== "video") {
-    readable.pipeTo(writable);
-    return;
-  }
-  const writer = writable.getWriter();
+// Encoded video frames handed on in order, each at its arrival plus the hold at that moment.
+function holder(deliver) {
   const queue = [];
   let timer = null;
   const release = () => {
@@ -1104,18 +1131,29 @@ function holdFrames(receiver, kind) {
       const { frame, came } = queue.shift();
       lipSync.held += 1;
       lipSync.heldMs += now - came;
-      writer.write(frame);
+      deliver(frame, came);
     }
     if (queue.length) timer = setTimeout(release, queue[0].at - now);
   };
-  readable.pipeTo(new WritableStream({
-    write(frame) {
-      const came = performance.now();
-      const last = queue.length ? queue[queue.length - 1].at : 0;
-      queue.push({ frame, came, at: Math.max(last, came + lipSync.holdMs) });
-      if (timer === null) release();
-    },
-  }));
+  return (frame) => {
+    const came = performance.now();
+    const last = queue.length ? queue[queue.length - 1].at : 0;
+    queue.push({ frame, came, at: Math.max(last, came + lipSync.holdMs) });
+    if (timer === null) release();
+  };
+}
+
+// With insertable streams on, every receiver's frames pass the page: sound as it comes, video
+// through the holder.
+function holdFrames(receiver, kind) {
+  const { readable, writable } = receiver.createEncodedStreams();
+  if (kind !== "video") {
+    readable.pipeTo(writable);
+    return;
+  }
+  const writer = writable.getWriter();
+  const hold = holder((frame) => writer.write(frame));
+  readable.pipeTo(new WritableStream({ write: hold }));
 }
 
 function perItem(now, before, total, count) {
@@ -1143,8 +1181,11 @@ function followSound(report) {
     ? perItem(now.playout, before.playout, "totalPlayoutDelay", "totalSamplesCount") || 0 : 0;
   const held = now.held > before.held ? (now.heldMs - before.heldMs) / (now.held - before.held) : 0;
   const decode = perItem(now.video, before.video, "totalDecodeTime", "framesDecoded") || 0;
-  const soundMs = OPUS_PACKET_MS + soundBuffer + output;
-  const pictureMs = Math.max(0, pictureBuffer - held) + decode;
+  setHold(OPUS_PACKET_MS + soundBuffer + output, Math.max(0, pictureBuffer - held) + decode);
+}
+
+// The next second's hold, from the sound's delay and the picture's without the hold (ms).
+function setHold(soundMs, pictureMs) {
   const wanted = tessera.muted ? 0 : Math.min(LIPSYNC_MAX_MS, Math.max(0, soundMs - pictureMs));
   const step = lipSync.settled ? LIPSYNC_STEP_MS : LIPSYNC_MAX_MS;
   lipSync.holdMs += Math.max(-step, Math.min(step, wanted - lipSync.holdMs));

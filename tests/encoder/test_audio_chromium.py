@@ -5,16 +5,18 @@ page hears each beep (WebAudio on the received track) and sees each flash (the d
 read back from a canvas), and their offset (median) is printed and bounded. A recording of the
 session holds the sound too, each beep with its flash.
 
-Issue #18 asks for 50 ms. Over WebRTC the player holds each video frame for its sound (lip
-sync, encoder/static/player.js): medians of 43-55 ms here (3 runs), bounded at 80 ms; without
-the hold, 100-155 ms, the sound late: 25-30 ms from the app's write to the service's capture
-(the app's pacat buffer and pipe, then parec), the Opus packet (20 ms and the encoder's
-look-ahead), the browser's audio jitter buffer (20-45 ms, deeper as the machine's load makes
-the packets' arrival jitter) and its output device (30 ms headless), while a frame is shown as
-soon as it is decoded. The hold covers what the browser's stats show (all but the app's side
-of the capture). Over the WebSocket the player places the sound itself but does not hold the
-picture: 128-143 ms here, 73-80 ms of it from capture to heard, bounded at 250 ms (sound held
-back a further 200 ms failed it)."""
+Issue #18 asks for 50 ms. The player holds each video frame for its sound (lip sync,
+encoder/static/player.js), over WebRTC from the receivers' stats, over the WebSocket from the
+sound's own capture-to-heard delay: medians of 41-59 ms (WebRTC) and 41-69 ms (WebSocket) in
+3 runs each here, against 100-155 and 128-155 ms without the hold. Without it the sound is
+late by 25-30 ms from the app's write to the service's capture (the app's pacat buffer and
+pipe, then parec), the Opus packet (20 ms and the encoder's look-ahead), the browser's jitter
+buffer or the WebSocket player's margin (10-45 ms, deeper as the machine's load jitters the
+packets) and the output device (30 ms headless), while a frame is shown as soon as it is
+decoded. What is left is the app's side of the capture, which no stat shows, and the test's
+listener. Bounds: 80 ms (WebRTC) and 100 ms (WebSocket), above what load gives and below what
+a missing hold gives (failed with the hold zeroed: 103-143 ms over WebRTC, 135 ms over the
+WebSocket)."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ OPERATOR = tokens.operator()
 PAIRS = 8
 #: the largest median offset between hearing a beep and seeing its flash, by transport (the
 #: module's docstring says why not the 50 ms issue #18 asks for)
-MAX_OFFSET_MS = {"webrtc": 80.0, "ws": 250.0}
+MAX_OFFSET_MS = {"webrtc": 80.0, "ws": 100.0}
 #: the largest offset between a beep and its flash in a recording: both are placed by their
 #: capture times, so only the app's own sound buffer and the frame tick part them
 MAX_RECORDED_OFFSET_MS = 50.0
@@ -154,9 +156,9 @@ def test_the_player_hears_each_beep_close_to_its_flash(
         timeout=TIMEOUT_MS,
     )
     assert page.evaluate("tessera.muted") is False  # the page plays the sound
-    if transport == "webrtc":  # the picture is held for the sound once both have stats
-        held = until("tessera.lipSync && tessera.lipSync.hold_ms > 0")
-        page.wait_for_function(held, timeout=TIMEOUT_MS)
+    # the picture is held for the sound once both have stats
+    held = until("tessera.lipSync && tessera.lipSync.hold_ms > 0")
+    page.wait_for_function(held, timeout=TIMEOUT_MS)
     page.evaluate(LISTEN_JS)
     page.wait_for_function(
         until(f"beeps.length >= {PAIRS + 2} && flashes.length >= {PAIRS + 2}"), timeout=TIMEOUT_MS
@@ -169,8 +171,7 @@ def test_the_player_hears_each_beep_close_to_its_flash(
     # every flash has its beep (in its own period), and the median is bounded
     assert all(abs(m) < 400 for m in measured), measured
     assert abs(median) <= MAX_OFFSET_MS[transport], measured
-    if transport == "webrtc":
-        print(f"lip sync: {page.evaluate('tessera.lipSync')}")
+    print(f"lip sync: {page.evaluate('tessera.lipSync')}")
     if transport == "ws":
         assert page.evaluate("tessera.transport") == "websocket"
         sound = page.evaluate("tessera.sound")
