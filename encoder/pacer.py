@@ -2,8 +2,9 @@
 time at a multiple of the encoder's bitrate, instead of at once.
 
 Without it a keyframe asked for by a PLI (up to the encoder's rate buffer, then one frame at
-the 20 Mbit/s ceiling: 83 KB at 30 fps; now one frame at the current bitrate) left in one burst, twice what a 3 Mbit/s path's 100 ms queue holds: its
-tail was dropped, the retransmissions were dropped with the next burst, and the picture froze
+the 20 Mbit/s ceiling: 83 KB at 30 fps; now one frame at the current bitrate) left in one
+burst, twice what a 3 Mbit/s path's 100 ms queue holds: its tail was dropped, the
+retransmissions were dropped with the next burst, and the picture froze
 for seconds (bench/stream_loss.py). A token bucket lets ordinary frames through untouched (the
 bucket holds ``BURST_FRAMES`` frames at the current bitrate) and paces the rest at
 ``PACE_FACTOR`` times the bitrate, as WebRTC's pacer does (its factor is 2.5).
