@@ -156,8 +156,9 @@ def _sentinel_client(url: str, max_connections: int, options: dict[str, Any]) ->
         address = redisurl.parse_sentinel(url)
     except BadParameter as exc:
         raise QueueError(exc.message) from exc
-    # the Sentinels get the same timeouts; the password is the data nodes' (requirepass)
-    sentinels = Sentinel(
+    # the Sentinels get the same timeouts; the password is the data nodes' (requirepass);
+    # redis-py types Sentinel from 8.2 on
+    sentinels = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(address.sentinels),
         sentinel_kwargs={
             "socket_timeout": options["socket_timeout"],
