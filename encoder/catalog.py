@@ -42,6 +42,9 @@ class App:
     audio: bool = False
     """The session sends the app's sound (a sound server in its sandbox; FARM_STREAM_AUDIO=0
     turns it off for every app)."""
+    lip_sync: bool = True
+    """Viewers hold the picture for the sound (the player's lip sync); False puts the picture's
+    latency first (the built-in game). A viewer's ``?lipsync=`` overrides it."""
 
     @property
     def needs_display(self) -> bool:
@@ -57,6 +60,7 @@ class App:
             "network": self.network,
             "desktop": self.desktop,
             "audio": self.audio,
+            "lip_sync": self.lip_sync,
         }
 
     def sized(self, width: int | None, height: int | None, fps: int | None) -> App:
@@ -87,7 +91,7 @@ def check_geometry(width: int, height: int, fps: int) -> None:
 #: the fields an app of FARM_STREAM_APPS may have
 FIELDS = frozenset(
     {"name", "title", "command", "width", "height", "fps", "network", "desktop", "memory_mib",
-     "pids", "cpu_cores", "audio"}
+     "pids", "cpu_cores", "audio", "lip_sync"}
 )  # fmt: skip
 
 
@@ -105,6 +109,7 @@ def builtin_apps() -> list[App]:
             "Built-in game (arrow keys / WASD, click)",
             (sys.executable, "-m", "encoder.game"),
             audio=True,
+            lip_sync=False,
         ),
         App(TESTPATTERN, "Test pattern (frame counter and capture time)", ()),
     ]
@@ -177,6 +182,7 @@ def _app(path: Path, index: int, entry: object) -> App:
         network=_flag(where, entry, "network"),
         desktop=_flag(where, entry, "desktop"),
         audio=_flag(where, entry, "audio"),
+        lip_sync=_flag(where, entry, "lip_sync", default=True),
         memory_mib=_limit(where, entry, "memory_mib", int),
         pids=_limit(where, entry, "pids", int),
         cpu_cores=_limit(where, entry, "cpu_cores", float),
@@ -185,8 +191,8 @@ def _app(path: Path, index: int, entry: object) -> App:
     return app
 
 
-def _flag(where: str, entry: dict[str, Any], name: str) -> bool:
-    value = entry.get(name, False)
+def _flag(where: str, entry: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = entry.get(name, default)
     if not isinstance(value, bool):
         raise BadParameter(f"{where}: {name} must be true or false, not {value!r}")
     return value

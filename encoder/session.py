@@ -615,8 +615,9 @@ class StreamSession:
             "stats": self.stats(),
             "recording": self.recording is not None,
             "recordings": self.recorded,
-            # viewers hold the picture back for the sound (the player's lip sync)
             "sound": self.audio is not None,
+            # viewers hold the picture back for the sound (the player's lip sync)
+            "lip_sync": self.audio is not None and self.app.lip_sync,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -187,7 +187,7 @@ async function startSession(event) {
     url.searchParams.set("session", session.session_id);
     history.replaceState(null, "", url);
     $("start").hidden = true;
-    await join(session.session_id, params.get("role") || "player", session.sound);
+    await join(session.session_id, params.get("role") || "player", session);
   } catch (err) {
     setState(Object.hasOwn(REFUSALS, err.code) ? "refused" : "failed");
     showError(err);
@@ -216,12 +216,13 @@ function gatheringComplete(peer) {
   });
 }
 
-async function join(sid, role, sound) {
+async function join(sid, role, session) {
+  lipSyncAsked = lipSyncWanted(session || await sessionInfo(sid));
   if (params.get("transport") === "ws" || !window.RTCPeerConnection) return joinWs(sid, role);
   tessera.transport = "webrtc";
   setState("connecting");
   clearError();
-  startLipSync(lipSyncWanted(sound === undefined ? await sessionHasSound(sid) : sound));
+  startLipSync(lipSyncAsked && "createEncodedStreams" in RTCRtpReceiver.prototype);
   // insertable streams are asked for when the connection is made, or never
   pc = new RTCPeerConnection({ iceServers: await iceServers(), encodedInsertableStreams: lipSync.on });
   const transceiver = pc.addTransceiver("video", { direction: "recvonly" });
@@ -465,7 +466,7 @@ async function joinWs(sid, role) {
   // how late the picture is without the lip sync's hold (capture to decoded), the last frame's
   // and the sum over this second's frames
   let pictureDelayMs = null, pictureSum = 0;
-  startLipSync(params.get("lipsync") !== "0");  // it holds nothing until sound comes
+  startLipSync(lipSyncAsked);  // it holds nothing until sound comes
   st.codec = "video/H264 (WebSocket)";
 
   function newDecoder() {
@@ -1101,22 +1102,26 @@ const LIPSYNC_MAX_MS = 300;
 // after its first value the hold moves at most this much a second (no visible jump)
 const LIPSYNC_STEP_MS = 20;
 const lipSync = { on: false, holdMs: 0, settled: false, prev: null, held: 0, heldMs: 0 };
+// whether this viewer holds the picture for the sound: the session's `lip_sync` (sound, and an
+// app that does not put latency first), or ?lipsync=1 / ?lipsync=0
+let lipSyncAsked = false;
 
 function startLipSync(on) {
   Object.assign(lipSync, { on, holdMs: 0, settled: false, prev: null });
   tessera.lipSync = null;
 }
 
-function lipSyncWanted(sound) {
-  return !!sound && params.get("lipsync") !== "0" && window.RTCRtpReceiver
-    && "createEncodedStreams" in RTCRtpReceiver.prototype;
+function lipSyncWanted(session) {
+  const asked = params.get("lipsync");
+  if (asked === "0" || !session.sound) return false;
+  return asked === "1" || !!session.lip_sync;
 }
 
-async function sessionHasSound(sid) {
+async function sessionInfo(sid) {
   try {
-    return !!(await call("GET", `/api/streams/sessions/${encodeURIComponent(sid)}`)).sound;
+    return await call("GET", `/api/streams/sessions/${encodeURIComponent(sid)}`);
   } catch (err) {
-    return false;  // joining goes on; the error, if it matters, comes from the join itself
+    return {};  // joining goes on; the error, if it matters, comes from the join itself
   }
 }
 

@@ -112,7 +112,9 @@ def service(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iter
     apps = work / "apps.json"
     beep = {"name": "beepflash", "command": [sys.executable, "-m", "encoder.beepflash", "1"],
             "audio": True}  # fmt: skip
-    apps.write_text(json.dumps([beep]))
+    # the same app, its picture's latency first (as the built-in game)
+    latency_first = {**beep, "name": "beepfirst", "lip_sync": False}
+    apps.write_text(json.dumps([beep, latency_first]))
     settings = Settings().with_(
         redis_url=redis_server.url.rsplit("/", 1)[0] + "/2",
         work_dir=work,
@@ -182,15 +184,23 @@ def test_the_player_hears_each_beep_close_to_its_flash(
     end_session(page, service)
 
 
-def test_with_lip_sync_off_the_picture_is_not_held(service: StreamService, page: Page) -> None:
+@pytest.mark.parametrize(
+    ("app", "asked"), [("beepflash", "&lipsync=0"), ("beepfirst", ""), ("beepfirst", "&lipsync=1")]
+)
+def test_a_viewer_or_the_app_may_put_the_pictures_latency_first(
+    service: StreamService, page: Page, app: str, asked: str
+) -> None:
     page.goto(
-        f"{service.url}/player?app=beepflash&width=320&height=240&fps=60&autostart=1"
-        f"&token={OPERATOR}&lipsync=0"
+        f"{service.url}/player?app={app}&width=320&height=240&fps=60&autostart=1"
+        f"&token={OPERATOR}{asked}"
     )
     page.wait_for_function(until("tessera.stats.frames_decoded > 60"), timeout=TIMEOUT_MS)
     page.wait_for_timeout(2500)  # two stats periods: a hold would be set by now
     held, buffer_ms = page.evaluate("[tessera.lipSync, tessera.stats.jitter_buffer_ms]")
-    assert held is None and buffer_ms is not None and buffer_ms < 30, (held, buffer_ms)
+    if asked == "&lipsync=1":  # the viewer asks for it where the app does not
+        assert held is not None and held["hold_ms"] > 0, held
+    else:
+        assert held is None and buffer_ms is not None and buffer_ms < 30, (held, buffer_ms)
     end_session(page, service)
 
 

@@ -50,6 +50,23 @@ def test_desktop_and_game_have_sound_the_test_pattern_and_file_apps_only_if_aske
         read_apps(apps)
 
 
+def test_viewers_hold_the_picture_for_the_sound_unless_the_app_puts_latency_first(
+    tmp_path: Path,
+) -> None:
+    catalog = Catalog.load(None)
+    assert catalog.get("desktop").lip_sync and not catalog.get("game").lip_sync
+    assert {a["name"]: a["lip_sync"] for a in catalog.to_json()}["game"] is False
+    apps = tmp_path / "apps.json"
+    apps.write_text(json.dumps([
+        {"name": "film", "command": ["true"], "audio": True},
+        {"name": "shooter", "command": ["true"], "audio": True, "lip_sync": False},
+    ]))  # fmt: skip
+    assert [(a.name, a.lip_sync) for a in read_apps(apps)] == [("film", True), ("shooter", False)]
+    apps.write_text(json.dumps([{"name": "x", "command": ["true"], "lip_sync": 0}]))
+    with pytest.raises(BadParameter, match="lip_sync must be true or false"):
+        read_apps(apps)
+
+
 def test_the_app_finds_its_sound_server_only_where_sound_is_on(tmp_path: Path) -> None:
     on = session_spec(Settings(), BEEP, tmp_path, 100, "s")
     assert on.env["PULSE_SERVER"] == "unix:/tmp/.X11-unix/pulse"
