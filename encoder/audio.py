@@ -3,9 +3,10 @@ captured by the service from the sink's monitor (parec), encoded to Opus once pe
 handed, as packets, to every viewer's audio track (aiortc only packetizes them; the WebSocket
 viewers send them as they are) and to the session's recording.
 
-A packet's ``pts`` counts samples; ``AudioFeed.capture_us`` turns it into its capture time on
-the wall clock the video's frames carry, so that a recording and the WebSocket player can put
-sound and picture together.
+A packet's ``pts`` counts samples; ``AudioFeed.capture_us`` turns it into the time the app
+played it on the wall clock the video's frames carry (its read time less its wait in the sound
+server, which the server reports), so that a recording and the players can put sound and
+picture together.
 
 The server listens only on a unix socket in the session's X socket folder (the one folder the
 service and the sandbox share); it loads no module but the native protocol and the null sink
@@ -54,6 +55,12 @@ FRAME_US = FRAME_SAMPLES * 1_000_000 // RATE
 #: sound that arrives this much later than its samples' count says (a restarted sandbox's
 #: capture, after a pause) moves the count on, so that the capture times stay true
 GAP_US = 100_000
+#: how often the sound server is asked how long sound waits in it (each second at first)
+LEAD_PERIOD_S = 5.0
+#: the lead is the least of this many readings (a stream starting reads 0.8 s once), and never
+#: more than LEAD_MAX_US
+LEAD_READINGS = 3
+LEAD_MAX_US = 250_000
 
 #: the sandbox's pulse server command (started by encoder/appbox.py's launcher)
 SERVER = (
@@ -87,10 +94,12 @@ class AudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, clock: Callable[[int | None], int]) -> None:
+    def __init__(self, clock: Callable[[int | None], int], lead: Callable[[], int]) -> None:
         super().__init__()
         #: a packet's capture time (µs since the epoch) from its pts
         self.capture_us = clock
+        #: how long the sound waited in the sound server before its capture (µs)
+        self.lead_us = lead
         self._pending: deque[Packet] = deque()
         self._ready = asyncio.Event()
         self.sent = 0
@@ -138,6 +147,9 @@ class AudioFeed:
         self._base_us: int | None = None
         self._lock = threading.Lock()
         self.frames_in = 0
+        #: how long sound the app plays waits in the sound server before the capture reads it
+        #: (the app's stream buffer, the sink, the capture's own buffer; µs, from the server)
+        self.lead_us = 0
         #: called on the loop with each batch of packets besides the tracks (the recording)
         self.on_packets: Callable[[list[Packet]], None] | None = None
 
@@ -147,13 +159,18 @@ class AudioFeed:
         return self._codec.extradata
 
     def track(self) -> AudioTrack:
-        track = AudioTrack(self.capture_us)
+        track = AudioTrack(self.capture_us, lambda: self.lead_us)
         self._tracks.add(track)
         return track
 
     def capture_us(self, pts: int | None) -> int:
-        """When the first sample of the packet with ``pts`` was captured (µs since the epoch)."""
-        return (self._base_us or 0) + (pts or 0) * 1_000_000 // RATE
+        """When the app played the first sample of the packet with ``pts`` (µs since the
+        epoch): its read time less the time it waited in the sound server."""
+        return self._read_us(pts or 0) - self.lead_us
+
+    def _read_us(self, samples: int) -> int:
+        """When the sample counted ``samples`` was read from the server."""
+        return (self._base_us or 0) + samples * 1_000_000 // RATE
 
     def push_pcm(self, pcm: bytes) -> None:
         """20 ms of s16le stereo at 48 kHz (from the capture's thread)."""
@@ -166,7 +183,7 @@ class AudioFeed:
         with self._lock:
             if self._base_us is None:
                 self._base_us = start_us
-            elif start_us - self.capture_us(self._samples) > GAP_US:
+            elif start_us - self._read_us(self._samples) > GAP_US:
                 self._samples = (start_us - self._base_us) * RATE // 1_000_000
             frame.pts = self._samples
             self._samples += FRAME_SAMPLES
@@ -200,6 +217,22 @@ class PulseCapture:
         )  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="audio-capture", daemon=True)
         self._thread.start()
+        self._socket_path = socket_path
+        self._stopped = threading.Event()
+        self._watch = threading.Thread(target=self._watch_lead, name="audio-lead", daemon=True)
+        self._watch.start()
+
+    def _watch_lead(self) -> None:
+        """Keep the feed's lead current: the server's own figures for the streams in it."""
+        readings: deque[int] = deque(maxlen=LEAD_READINGS)
+        while not self._stopped.wait(1.0 if len(readings) < LEAD_READINGS else LEAD_PERIOD_S):
+            try:
+                readings.append(server_lead_us(self._socket_path))
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.warning("event=audio_lead_unknown error=%r", exc)
+                return
+            if len(readings) == LEAD_READINGS:
+                self.feed.lead_us = min(min(readings), LEAD_MAX_US)
 
     def _run(self) -> None:
         assert self.proc.stdout is not None
@@ -215,9 +248,45 @@ class PulseCapture:
         log.info("event=audio_capture_ended code=%s", self.proc.poll())
 
     def stop(self) -> None:
+        self._stopped.set()
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         self.proc.wait()
         self._thread.join(5)
+        self._watch.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def server_lead_us(socket_path: Path) -> int:
+    """How long sound waits in the session's sound server (µs): the longest app stream's
+    buffer and sink latency, plus the capture's own (pactl's figures)."""
+    return sum(
+        max(stream_latencies_us(_pactl(socket_path, kind)), default=0)
+        for kind in ("sink-inputs", "source-outputs")
+    )
+
+
+def _pactl(socket_path: Path, kind: str) -> str:
+    done = subprocess.run(
+        ["pactl", f"--server=unix:{socket_path}", "list", kind],
+        capture_output=True, text=True, timeout=5, check=True,
+        env={**os.environ, "LC_ALL": "C"},
+    )  # fmt: skip
+    return done.stdout
+
+
+def stream_latencies_us(listing: str) -> list[int]:
+    """Each stream's latency in a ``pactl list sink-inputs`` (or ``source-outputs``) listing:
+    its buffer's and its sink's (or source's), µs."""
+    streams: list[int] = []
+    for line in listing.splitlines():
+        if line.startswith(("Sink Input #", "Source Output #")):
+            streams.append(0)
+        elif streams and line.strip().startswith(
+            ("Buffer Latency:", "Sink Latency:", "Source Latency:")
+        ):
+            value = line.split(":", 1)[1].split()
+            if value and value[0].isdigit():
+                streams[-1] += int(value[0])
+    return streams

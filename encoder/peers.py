@@ -117,11 +117,18 @@ class PacketTrack(MediaStreamTrack):
         self._ready.set()
 
 
-def with_service_share(reply: dict[str, Any], track: PacketTrack) -> dict[str, Any]:
+def with_service_share(
+    reply: dict[str, Any], track: PacketTrack, sound: AudioTrack | None = None
+) -> dict[str, Any]:
     """A reply to a viewer; a ``pong`` also carries the service's share of the latency, which
-    the player adds to the network's and its own (its latency overlay)."""
-    if reply.get("t") == "pong" and track.send_delay_ms is not None:
+    the player adds to the network's and its own (its latency overlay), and, with sound, how
+    long the sound waited in the session's sound server (the player's lip sync adds it)."""
+    if reply.get("t") != "pong":
+        return reply
+    if track.send_delay_ms is not None:
         reply["service_ms"] = round(track.send_delay_ms, 2)
+    if sound is not None:
+        reply["sound_lead_ms"] = round(sound.lead_us() / 1000, 1)
     return reply
 
 
@@ -219,7 +226,7 @@ class Viewer(PeerEndsOnce):
         # the session parses it (encoder/messages.py: limits, drops counted, never a disconnect)
         reply = self.on_message(self, raw)
         if reply is not None:
-            self.send(with_service_share(reply, self.track))
+            self.send(with_service_share(reply, self.track, self.audio))
 
     def send(self, message: dict[str, Any]) -> None:
         if self.channel is not None and self.channel.readyState == "open":

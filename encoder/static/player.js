@@ -714,6 +714,7 @@ const MESSAGES = Object.freeze({
     tessera.stats.ping_ms = round(performance.now() - msg.ts, 1);
     if (typeof msg.rec === "boolean") setRecording(msg.rec);
     if (typeof msg.service_ms === "number") tessera.stats.service_ms = msg.service_ms;
+    if (typeof msg.sound_lead_ms === "number") lipSync.leadMs = msg.sound_lead_ms;
     render();
   },
   // input from a viewer not in control: control went to someone else
@@ -1093,7 +1094,9 @@ async function updateStats() {
 // frame waits `holdMs` before the decoder gets it (encoded insertable streams), holdMs
 // following, each second, the sound's delay over the picture's from the receivers' stats. Only
 // sessions with sound, and only while it is heard, pay it in latency; ?lipsync=0 turns it off
-// (latency first: a game). What the app's own sound buffer adds before the capture is not seen.
+// (latency first: a game). The sound's wait in the session's sound server before the capture
+// (the app's stream buffer and the sink, from the server's own figures) comes in each pong as
+// sound_lead_ms; what an app buffers before its sound server is not seen.
 // Over the WebSocket the encoded frames wait the same way before the decoder, the hold
 // following the sound's capture-to-heard delay (when played as soon as it can be) over the
 // picture's capture-to-decoded one.
@@ -1101,7 +1104,8 @@ const OPUS_PACKET_MS = 26.5;
 const LIPSYNC_MAX_MS = 300;
 // after its first value the hold moves at most this much a second (no visible jump)
 const LIPSYNC_STEP_MS = 20;
-const lipSync = { on: false, holdMs: 0, settled: false, prev: null, held: 0, heldMs: 0 };
+// leadMs: how long the sound waited in the session's sound server before its capture (pongs)
+const lipSync = { on: false, holdMs: 0, settled: false, prev: null, held: 0, heldMs: 0, leadMs: 0 };
 // whether this viewer holds the picture for the sound: the session's `lip_sync` (sound, and an
 // app that does not put latency first), or ?lipsync=1 / ?lipsync=0
 let lipSyncAsked = false;
@@ -1186,7 +1190,7 @@ function followSound(report) {
     ? perItem(now.playout, before.playout, "totalPlayoutDelay", "totalSamplesCount") || 0 : 0;
   const held = now.held > before.held ? (now.heldMs - before.heldMs) / (now.held - before.held) : 0;
   const decode = perItem(now.video, before.video, "totalDecodeTime", "framesDecoded") || 0;
-  setHold(OPUS_PACKET_MS + soundBuffer + output, Math.max(0, pictureBuffer - held) + decode);
+  setHold(lipSync.leadMs + OPUS_PACKET_MS + soundBuffer + output, Math.max(0, pictureBuffer - held) + decode);
 }
 
 // The next second's hold, from the sound's delay and the picture's without the hold (ms).

@@ -127,8 +127,32 @@ async def _beep_reaches_every_track(tmp_path: Path) -> None:
             for frame in decoder.decode(packet):
                 peak = max(peak, int(np.abs(frame.to_ndarray()).max() * 32767))
         assert peak > 5000, "no beep in the session's sound"
+        # how long the app's sound waits in the server (its stream's buffer and the sink, the
+        # capture's own), from the server's own figures: the least of the first three readings
+        deadline = time.monotonic() + 10
+        while feed.lead_us == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert 1_000 < feed.lead_us < 200_000, feed.lead_us
+        assert player.lead_us() == feed.lead_us
+        assert feed.capture_us(0) == feed.capture_us(audio.FRAME_SAMPLES) - audio.FRAME_US
     finally:
         await asyncio.to_thread(source.stop)
+
+
+def test_the_servers_latency_figures_are_read_per_stream() -> None:
+    listing = """Sink Input #0
+	Driver: protocol-native.c
+	Buffer Latency: 7000 usec
+	Sink Latency: 2661 usec
+	Resample method: n/a
+Sink Input #3
+	Buffer Latency: 40000 usec
+	Sink Latency: 2500 usec
+"""
+    assert audio.stream_latencies_us(listing) == [9661, 42500]
+    outputs = "Source Output #1\n\tBuffer Latency: 1082 usec\n\tSource Latency: 0 usec\n"
+    assert audio.stream_latencies_us(outputs) == [1082]
+    assert audio.stream_latencies_us("") == []
 
 
 def test_sound_after_a_pause_keeps_its_capture_times_true() -> None:
