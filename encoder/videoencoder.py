@@ -117,9 +117,14 @@ class VideoEncoder:
         coarser. Without the open-options hook the buffer stays one frame at the top rate."""
         self.ctx.bit_rate = bps
         self.bitrate_bps = bps
-        if self._open_options is not None:
+        if self._open_options is None:
+            return
+        try:
             self._open_options.set("maxrate", bps)
             self._open_options.set("bufsize", bps // self.config.fps)
+        except ValueError as exc:
+            log.warning("event=encoder_options_fixed reason=%r", str(exc))
+            self._open_options = None
 
     def encode(self, frame: VideoFrame, keyframe: bool = False) -> list[Packet]:
         wanted = self._wanted_bps
@@ -152,6 +157,7 @@ class VideoEncoder:
 
     def close(self) -> None:
         # frames are never held back (zerolatency / delay=0): nothing to flush
+        self._open_options = None  # it holds the context too
         del self.ctx
 
 
