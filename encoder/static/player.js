@@ -55,8 +55,8 @@ const tessera = {
   // sound ran dry); the last packet's delay from capture to heard, the picture's from capture
   // to decoded, and the jitter margin (ms)
   sound: null,
-  // WebRTC lip sync (sessions with sound): how long each video frame is held for its sound,
-  // and the two delays it is made of (ms), updated each second; null: not holding
+  // lip sync (sessions with sound, either transport): how long each video frame is held for
+  // its sound, and the two delays it is made of (ms), updated each second; null: not holding
   lipSync: null,
   setMuted,
   send,
@@ -461,7 +461,8 @@ async function joinWs(sid, role) {
   const sink = videoSink();
   const st = tessera.stats;
   const decodeStarted = new Map();
-  let decoder = null, configured = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
+  // configured: the codec the decoder has; streamCodec: the one the stream's last keyframe named
+  let decoder = null, configured = null, streamCodec = null, waitKey = true, bytes = 0, frames = 0, decodeSum = 0;
   let last = { at: performance.now(), frames: 0, bytes: 0 };
   // how late the picture is without the lip sync's hold (capture to decoded), the last frame's
   // and the sum over this second's frames
@@ -514,26 +515,31 @@ async function joinWs(sid, role) {
       if (wsSound) wsSound.decode(at, data);
       return;
     }
+    // a keyframe names its codec (its SPS); the decoder takes it when the keyframe leaves the
+    // lip sync's hold, after the frames before it
+    const codec = key ? avcCodec(data) || streamCodec : null;
     if (key) {
-      const codec = avcCodec(data);
-      if (!decoder || decoder.state === "closed") { newDecoder(); configured = null; }
-      if (codec && codec !== configured) {
-        decoder.configure({ codec, optimizeForLatency: true, hardwareAcceleration: "no-preference" });
-        configured = codec;
-      }
+      streamCodec = codec;
       waitKey = false;
     }
-    if (waitKey || !configured) { st.frames_dropped++; return; }
-    if (!key && decoder.decodeQueueSize > 2) {
+    if (waitKey || !streamCodec) { st.frames_dropped++; return; }
+    if (!key && decoder && decoder.decodeQueueSize > 2) {
       st.frames_dropped++;
       behind();
       return;
     }
-    holdVideo(new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }));
+    holdVideo({ codec, chunk: new EncodedVideoChunk({ type: key ? "key" : "delta", timestamp: at, data }) });
   }
 
-  const holdVideo = holder((chunk, arrived) => {
-    if (!decoder || decoder.state !== "configured") return;
+  const holdVideo = holder(({ codec, chunk }, arrived) => {
+    if (codec) {
+      if (!decoder || decoder.state === "closed") { newDecoder(); configured = null; }
+      if (codec !== configured) {
+        decoder.configure({ codec, optimizeForLatency: true, hardwareAcceleration: "no-preference" });
+        configured = codec;
+      }
+    }
+    if (!decoder || decoder.state !== "configured") { st.frames_dropped++; return; }
     decodeStarted.set(chunk.timestamp, { arrived, decoding: performance.now() });
     decoder.decode(chunk);
   });
