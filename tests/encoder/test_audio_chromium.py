@@ -7,16 +7,17 @@ session holds the sound too, each beep with its flash.
 
 Issue #18 asks for 50 ms. The player holds each video frame for its sound (lip sync,
 encoder/static/player.js), over WebRTC from the receivers' stats, over the WebSocket from the
-sound's own capture-to-heard delay: medians of 41-59 ms (WebRTC) and 41-69 ms (WebSocket) in
-3 runs each here, against 100-155 and 128-155 ms without the hold. Without it the sound is
-late by 25-30 ms from the app's write to the service's capture (the app's pacat buffer and
-pipe, then parec), the Opus packet (20 ms and the encoder's look-ahead), the browser's jitter
-buffer or the WebSocket player's margin (10-45 ms, deeper as the machine's load jitters the
-packets) and the output device (30 ms headless), while a frame is shown as soon as it is
-decoded. What is left is the app's side of the capture, which no stat shows, and the test's
-listener. Bounds: 80 ms (WebRTC) and 100 ms (WebSocket), above what load gives and below what
-a missing hold gives (failed with the hold zeroed: 103-143 ms over WebRTC, 135 ms over the
-WebSocket)."""
+sound's own capture-to-heard delay, both counting the sound's wait in the session's sound
+server (encoder/audio.py reads it from the server): medians of 37-53 ms (WebRTC) and 43-71 ms
+(WebSocket) in 4 runs each here, against 100-155 and 128-155 ms without the hold. Without it
+the sound is late by the app's wait in its sound server and pipe, the Opus packet (20 ms and
+the encoder's look-ahead), the browser's jitter buffer or the WebSocket player's margin (10-45
+ms, deeper as the machine's load jitters the packets) and the output device (30 ms headless),
+while a frame is shown as soon as it is decoded. What is left is what the app buffers before
+its sound server (beepflash writes into pacat through a pipe), the picture's wait for the
+browser's next refresh and the test's listener. Bounds: 80 ms (WebRTC) and 100 ms (WebSocket),
+above what load gives and below what a missing hold gives (failed with the hold zeroed:
+103-143 ms over WebRTC, 135 ms over the WebSocket)."""
 
 from __future__ import annotations
 
