@@ -107,8 +107,11 @@ def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture
         page.wait_for_function(until("tessera.stats.service_ms !== null"), timeout=TIMEOUT_MS)
         measured.append(statistics.median(page.evaluate(MEASURE_JS, 30)))
         overlay.append(float(page.evaluate("tessera.stats.latency_ms")))
-    est, real = statistics.median(overlay), statistics.median(measured)
-    assert abs(est - real) <= max(8.0, 0.25 * real), f"overlay {overlay} ms, picture {measured} ms"
+    # pair by pair: the overlay's figure is a second's, so a pair may straddle a change of the
+    # picture's latency (a refresh's 16.7 ms: 42 then 26 ms once); most pairs agree
+    real = statistics.median(measured)
+    apart = statistics.median(abs(o - m) for o, m in zip(overlay, measured, strict=True))
+    assert apart <= max(8.0, 0.25 * real), f"overlay {overlay} ms, picture {measured} ms"
     print(f"{transport}: overlay {overlay} ms, picture {measured} ms")
     if transport == "ws":
         assert page.evaluate("tessera.transport") == "websocket"
