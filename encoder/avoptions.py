@@ -12,6 +12,7 @@ very libavutil PyAV loaded. Where that cannot be done (another PyAV layout, a st
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 from pathlib import Path
 
@@ -19,20 +20,16 @@ from av.codec.context import CodecContext
 
 log = logging.getLogger("tessera.stream")
 
-#: how far into the PyAV object the pointer is looked for (PyAV 12-18: the third word)
+#: how far into the PyAV object the pointer is looked for (PyAV 18 keeps it at byte 24)
 _SCAN_BYTES = 256
 
 
-def _loaded(prefix: str) -> ctypes.CDLL | None:
-    """The shared library this process already mapped whose file name starts with ``prefix``
-    (PyAV's own copy: a wheel's av.libs/ or the system's)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
+def _loaded(prefix: str, maps: list[str]) -> ctypes.CDLL | None:
+    """The shared library this process already mapped (``maps``: /proc/self/maps) whose file
+    name starts with ``prefix`` (PyAV's own copy: a wheel's av.libs/ or the system's)."""
+    for line in maps:
         path = line.split(maxsplit=5)[-1]
-        if Path(path).name.startswith(prefix + ".so") or Path(path).name.startswith(prefix + "-"):
+        if Path(path).name.startswith((prefix + ".so", prefix + "-")):
             return ctypes.CDLL(path)
     return None
 
@@ -84,18 +81,14 @@ class _Ffmpeg:
         return candidate
 
 
-_ffmpeg: _Ffmpeg | None = None
-_looked = False
-
-
+@functools.cache
 def _library() -> _Ffmpeg | None:
-    global _ffmpeg, _looked
-    if not _looked:
-        _looked = True
-        avcodec, avutil = _loaded("libavcodec"), _loaded("libavutil")
-        if avcodec is not None and avutil is not None:
-            _ffmpeg = _Ffmpeg(avcodec, avutil)
-    return _ffmpeg
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    avcodec, avutil = _loaded("libavcodec", maps), _loaded("libavutil", maps)
+    return _Ffmpeg(avcodec, avutil) if avcodec is not None and avutil is not None else None
 
 
 class OpenOptions:

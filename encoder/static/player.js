@@ -1106,18 +1106,19 @@ async function updateStats() {
 // Over the WebSocket the encoded frames wait the same way before the decoder, the hold
 // following the sound's capture-to-heard delay (when played as soon as it can be) over the
 // picture's capture-to-decoded one.
+// an Opus packet's 20 ms and the encoder's 6.5 ms look-ahead
 const OPUS_PACKET_MS = 26.5;
 const LIPSYNC_MAX_MS = 300;
 // after its first value the hold moves at most this much a second (no visible jump)
 const LIPSYNC_STEP_MS = 20;
 // leadMs: how long the sound waited in the session's sound server before its capture (pongs)
-const lipSync = { on: false, holdMs: 0, settled: false, prev: null, held: 0, heldMs: 0, leadMs: 0 };
+const lipSync = { on: false, holdMs: 0, prev: null, held: 0, heldMs: 0, leadMs: 0 };
 // whether this viewer holds the picture for the sound: the session's `lip_sync` (sound, and an
 // app that does not put latency first), or ?lipsync=1 / ?lipsync=0
 let lipSyncAsked = false;
 
 function startLipSync(on) {
-  Object.assign(lipSync, { on, holdMs: 0, settled: false, prev: null });
+  Object.assign(lipSync, { on, holdMs: 0, prev: null });
   tessera.lipSync = null;
 }
 
@@ -1171,14 +1172,15 @@ function holdFrames(receiver, kind) {
   readable.pipeTo(new WritableStream({ write: hold }));
 }
 
-function perItem(now, before, total, count) {
+// a total's growth per item counted between two reports (seconds to ms unless `scale` says)
+function perItem(now, before, total, count, scale = 1000) {
   const n = (now[count] || 0) - (before[count] || 0);
-  return n > 0 ? 1000 * ((now[total] || 0) - (before[total] || 0)) / n : null;
+  return n > 0 ? scale * ((now[total] || 0) - (before[total] || 0)) / n : null;
 }
 
-// The hold for the next second: the sound's delay in this browser (jitter buffer, output
-// device, and the packet's own 20 ms) over the picture's (jitter buffer less what was held,
-// decoding).
+// The hold for the next second: the sound's delay (its wait in the sound server, the packet,
+// the browser's jitter buffer and output device) over the picture's (jitter buffer less what
+// was held, decoding).
 function followSound(report) {
   if (!lipSync.on) return;
   const now = { held: lipSync.held, heldMs: lipSync.heldMs };
@@ -1194,7 +1196,7 @@ function followSound(report) {
   if (soundBuffer === null || pictureBuffer === null) return;
   const output = now.playout && before.playout
     ? perItem(now.playout, before.playout, "totalPlayoutDelay", "totalSamplesCount") || 0 : 0;
-  const held = now.held > before.held ? (now.heldMs - before.heldMs) / (now.held - before.held) : 0;
+  const held = perItem(now, before, "heldMs", "held", 1) || 0;
   const decode = perItem(now.video, before.video, "totalDecodeTime", "framesDecoded") || 0;
   setHold(lipSync.leadMs + OPUS_PACKET_MS + soundBuffer + output, Math.max(0, pictureBuffer - held) + decode);
 }
@@ -1202,9 +1204,9 @@ function followSound(report) {
 // The next second's hold, from the sound's delay and the picture's without the hold (ms).
 function setHold(soundMs, pictureMs) {
   const wanted = tessera.muted ? 0 : Math.min(LIPSYNC_MAX_MS, Math.max(0, soundMs - pictureMs));
-  const step = lipSync.settled ? LIPSYNC_STEP_MS : LIPSYNC_MAX_MS;
+  // the first value is taken at once, later ones step (tessera.lipSync: null until then)
+  const step = tessera.lipSync ? LIPSYNC_STEP_MS : LIPSYNC_MAX_MS;
   lipSync.holdMs += Math.max(-step, Math.min(step, wanted - lipSync.holdMs));
-  lipSync.settled = true;
   tessera.lipSync = { hold_ms: round(lipSync.holdMs, 1), sound_ms: round(soundMs, 1), picture_ms: round(pictureMs, 1) };
 }
 
