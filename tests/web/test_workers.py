@@ -244,8 +244,11 @@ def test_the_workers_page_shows_rendering_draining_and_lets_an_admin_disable_and
         expect(page.locator("nav a.active")).to_have_text("Workers")
         row = page.locator(f'tr[data-name="{WORKER}"]')
         expect(row).to_have_attribute("data-state", "idle")
-        # two tiles of about 2 s each: the page's refresh (every 2 s) sees one render
-        job_id = submit(farm, tiles="2x1", samples=farm.samples * 2)
+        # four tiles of about 2 s each. The page refreshes every 2 s, so it may first show the
+        # worker rendering late in a tile; the worker has taken the next one by the time the
+        # click lands, and at least one more must be left to wait for the worker (with two
+        # tiles, a fresh-clone CI run saw the whole job done before the job page was opened)
+        job_id = submit(farm, tiles="4x1", samples=farm.samples * 4)
         # the page refreshes itself: the worker's tile shows without a reload
         expect(row).to_have_attribute("data-state", "rendering", timeout=JOB_TIMEOUT_S * 1000)
         expect(row.locator("td.task a")).to_have_text(job_id)
@@ -256,6 +259,8 @@ def test_the_workers_page_shows_rendering_draining_and_lets_an_admin_disable_and
         row.locator('button[data-action="disable"]').click()
         expect(row).to_have_attribute("data-state", "disabled", timeout=JOB_TIMEOUT_S * 1000)
         expect(row.locator("td", has_text="by root")).to_have_count(1)
+        left = farm.store.status(job_id)
+        assert left.tiles_done < left.tiles_total, "every tile was done before the disable"
         # the job page says why the rest of the job waits (to the job's project: alice)
         member = browser.new_context()
         try:
