@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
-from PIL import Image
 
 from farm.errors import RenderError
 
@@ -35,6 +33,12 @@ def encode_mp4(frames: Sequence[Path], fps: float, out_path: Path) -> Path:
     yuv420p needs even sides: an odd width or height is padded by repeating the last column or
     row, so the video shows every pixel of the frames. Written atomically (temp, rename).
     """
+    # imported here, at a job's first preview: a worker imports its modules while its Blender
+    # child imports bpy, and on 2 cores every millisecond of that delays the child (av and PIL
+    # were about 50 ms of the worker's 300 ms; a job without a preview never needs them)
+    import av
+    from PIL import Image
+
     if not frames:
         raise RenderError("no frames to make a video of")
     out_path = Path(out_path)
