@@ -3,6 +3,7 @@ tool downloads, with the flags a closed network and autoplaying sound need."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -14,9 +15,17 @@ CHROMIUM_ARGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]
 TIMEOUT_MS = 20_000
+#: an arrow function's head: ``(a, b) =>``, ``x =>`` or ``async () =>``
+ARROW = re.compile(r"\s*(async\s+)?(\([^()]*\)|[A-Za-z_$][\w$]*)\s*=>")
 
 
 def until(expression: str) -> str:
     """``expression`` as a predicate for ``page.wait_for_function``: a function, which the
-    player's CSP (script-src 'self') allows; a bare expression is polled through eval()."""
+    player's CSP (script-src 'self') allows; a bare expression is polled through eval().
+
+    A function is refused: wrapped, the predicate would return the function itself, which is
+    truthy, and the wait would end at once (a test waiting so for the app's clipboard echo
+    raced the app and failed under load). Pass a function to ``wait_for_function`` as it is."""
+    if ARROW.match(expression):
+        raise ValueError(f"until() takes an expression, not a function: {expression!r}")
     return f"() => ({expression})"

@@ -289,7 +289,7 @@ def test_files_go_into_and_out_of_the_sessions_home_for_its_controller_only(
     for command in ("file:from-app.txt=made in the sandbox", "link:leak=/etc/hostname"):
         page.evaluate("(text) => tessera.paste(text)", command)
         page.wait_for_function(
-            until("(text) => tessera.clipboard === 'echo:' + text"), arg=command, timeout=TIMEOUT_MS
+            "(text) => tessera.clipboard === 'echo:' + text", arg=command, timeout=TIMEOUT_MS
         )
     names = [f["name"] for f in page.evaluate("tessera.listFiles()")]
     assert names == ["from-app.txt", "notes ü.txt"]
