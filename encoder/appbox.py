@@ -160,8 +160,10 @@ def _stale(lock: Path) -> bool:
 class SandboxedApp:
     """Xvfb plus the app of one session in one sandbox; ``proc`` ends when the app does."""
 
-    def __init__(self, settings: Settings, app: App, name: str) -> None:
+    def __init__(self, settings: Settings, app: App, name: str, home: Path | None = None) -> None:
         self.settings, self.app, self.name = settings, app, name
+        #: the home folder a restarted session hands on (its files stay), else made at start
+        self._given_home = home
         self.number: int | None = None
         self.box: Sandboxed | None = None
         self._lock: Path | None = None
@@ -204,7 +206,9 @@ class SandboxedApp:
             self._dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=SOCKETS))
             homes = self.settings.work_dir / "stream-homes"
             homes.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=homes))
+            self.home = self._given_home or Path(
+                tempfile.mkdtemp(prefix=f"{self.name}-", dir=homes)
+            )
             self.input_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-input-", dir=SOCKETS))
             self.input_dir.chmod(0o755)
             spec = self.spec()
@@ -288,16 +292,21 @@ class SandboxedApp:
         except OSError as exc:
             log.warning("event=capture_without_shm app=%s error=%s", self.app.name, exc)
 
-    def stop(self) -> None:
-        """Kill every process of the sandbox and free the display; safe to call twice."""
+    def stop(self, keep_home: bool = False) -> None:
+        """Kill every process of the sandbox and free the display; safe to call twice.
+
+        ``keep_home``: the home folder stays, with the user's and the app's files (a restart
+        hands it to the next sandbox); a later plain stop still removes it."""
         if self.box is not None:
             self.box.close()
         for path in (self._link, self._lock):
             if path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-        for folder in (self._dir, self.home, self.input_dir):
+        for folder in (self._dir, None if keep_home else self.home, self.input_dir):
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
-        self._link = self._lock = self._dir = self.home = self.input_dir = None
+        self._link = self._lock = self._dir = self.input_dir = None
+        if not keep_home:
+            self.home = None
         self.number = None

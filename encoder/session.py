@@ -255,8 +255,11 @@ class StreamSession:
             pipeline, self.pipeline = self.pipeline, None
             if pipeline is not None:
                 await asyncio.to_thread(pipeline.stop)
-            await asyncio.to_thread(self.source.stop)
-            self.source = make_source(self.app, self.settings, f"stream-{self.id}")
+            # the new display's app gets the same home folder: what the user put there, or the
+            # app wrote, survives the restart
+            home = self.source.home
+            await asyncio.to_thread(self.source.stop, keep_home=True)
+            self.source = make_source(self.app, self.settings, f"stream-{self.id}", home)
             await asyncio.to_thread(self._start_blocking)
         except Exception as exc:
             why = exc.message if isinstance(exc, FarmError) else repr(exc)

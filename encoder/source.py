@@ -45,7 +45,9 @@ class Source:
     def start(self, on_exit: Callable[[str], None]) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
+    def stop(self, keep_home: bool = False) -> None:
+        """Stop everything the source started. ``keep_home``: leave the session's home folder
+        (a restart hands it to the next source; sources without one ignore it)."""
         raise NotImplementedError
 
     def pids(self) -> list[int]:
@@ -94,7 +96,7 @@ class PatternSource(Source):
     def start(self, on_exit: Callable[[str], None]) -> None:
         self.grabber = PatternGrabber(self.slot, self.app.width, self.app.height, self.app.fps)
 
-    def stop(self) -> None:
+    def stop(self, keep_home: bool = False) -> None:
         if self.grabber is not None:
             self.grabber.stop()
 
@@ -150,7 +152,7 @@ class XAppSource(Source):
         if not self._stopping:
             on_exit(f"app {self.app.name} exited with status {code}")
 
-    def stop(self) -> None:
+    def stop(self, keep_home: bool = False) -> None:
         self._stopping = True
         if self.grabber is not None:
             self.grabber.stop()
@@ -189,9 +191,9 @@ class SandboxedSource(Source):
 
     input_format = "bgr0"
 
-    def __init__(self, app: App, settings: Settings, name: str) -> None:
+    def __init__(self, app: App, settings: Settings, name: str, home: Path | None = None) -> None:
         super().__init__(app)
-        self.box = SandboxedApp(settings, app, name)
+        self.box = SandboxedApp(settings, app, name, home)
         self._stopping = False
         self.audio: PulseCapture | None = None
 
@@ -224,7 +226,7 @@ class SandboxedSource(Source):
         assert socket is not None
         self.audio = PulseCapture(socket, feed)
 
-    def stop(self) -> None:
+    def stop(self, keep_home: bool = False) -> None:
         self._stopping = True
         if self.grabber is not None:
             self.grabber.stop()
@@ -234,7 +236,7 @@ class SandboxedSource(Source):
         if self.input is not None:
             self.input.close()
             self.input = None
-        self.box.stop()
+        self.box.stop(keep_home)
 
     def pids(self) -> list[int]:
         return self.box.pids()
@@ -252,9 +254,12 @@ class SandboxedSource(Source):
         return None if folder is None else (folder, settings.sandbox_uid, settings.sandbox_gid)
 
 
-def make_source(app: App, settings: Settings | None = None, name: str = "session") -> Source:
+def make_source(
+    app: App, settings: Settings | None = None, name: str = "session", home: Path | None = None
+) -> Source:
     """The source of ``app``: sandboxed unless FARM_SANDBOX=none (or no settings: tests of
-    parts that start a display of the service's own)."""
+    parts that start a display of the service's own); ``home``: a restarted session's home
+    folder, kept."""
     if not app.needs_display:
         return PatternSource(app)
     if settings is None:
@@ -264,4 +269,4 @@ def make_source(app: App, settings: Settings | None = None, name: str = "session
     )
     if settings.sandbox == "none":
         return XAppSource(app, framebuffer)
-    return SandboxedSource(app, settings, name)
+    return SandboxedSource(app, settings, name, home)

@@ -1,6 +1,7 @@
 """Sessions survive what they can: a display (Xvfb) killed inside the sandbox is started again
-with its app and capture while the viewer stays; past the retries the session ends saying the
-display crashed; an ended session is freed at once, not by the cycle collector."""
+with its app and capture while the viewer stays, the session's home folder and its files kept;
+past the retries the session ends saying the display crashed; an ended session is freed at
+once, not by the cycle collector."""
 
 from __future__ import annotations
 
@@ -93,9 +94,16 @@ def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_cras
         try:
             while sprite(await viewer.next_frame()) is None:
                 pass
+            # a file in the session's home folder (as a viewer's upload puts it there)
+            home = service.sessions[sid].source.home
+            assert home is not None
+            (home / "kept.txt").write_text("still here")
             old = kill_xvfb(service, sid)
             state = await state_when(http, url, sid, lambda s: s["stats"]["restarts"] == 1)
             assert state["state"] == "running"
+            # the new display's app has the same home folder, files and all
+            assert service.sessions[sid].source.home == home
+            assert (home / "kept.txt").read_text() == "still here"
             # the same viewer, a new display: a fresh keyframe, then the game again
             viewer.drain()
             while not (await viewer.next_frame()).keyframe:
@@ -120,6 +128,11 @@ def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_cras
             state = await state_when(http, url, sid, lambda s: s["state"] == "ended")
             assert "(Xvfb) of app game crashed" in state["reason"], state["reason"]
             assert "exited with status" not in state["reason"]
+            # the session's end takes its home folder with it
+            deadline = time.monotonic() + 10
+            while home.exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert not home.exists()
         finally:
             await viewer.close()
 
