@@ -103,15 +103,20 @@ def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture
 
     # against the picture: the same seconds, capture time read off the decoded frames
     overlay, measured = [], []
-    for _ in range(3):
+    for _ in range(5):
         page.wait_for_function(until("tessera.stats.service_ms !== null"), timeout=TIMEOUT_MS)
         measured.append(statistics.median(page.evaluate(MEASURE_JS, 30)))
         overlay.append(float(page.evaluate("tessera.stats.latency_ms")))
     # pair by pair: the overlay's figure is a second's, so a pair may straddle a change of the
-    # picture's latency (a refresh's 16.7 ms: 42 then 26 ms once); most pairs agree
+    # picture's latency (a refresh's 16.7 ms: 42 then 26 ms once); most pairs agree. Where the
+    # picture's own latency moved from second to second by more than the bound (a loaded
+    # machine: 29 to 65 ms over three seconds in a fresh-clone CI run), half that move is
+    # allowed: a second's figure cannot follow it closer
     real = statistics.median(measured)
     apart = statistics.median(abs(o - m) for o, m in zip(overlay, measured, strict=True))
-    assert apart <= max(8.0, 0.25 * real), f"overlay {overlay} ms, picture {measured} ms"
+    moved = max(measured) - min(measured)
+    bound = max(8.0, 0.25 * real, moved / 2)
+    assert apart <= bound, f"overlay {overlay} ms, picture {measured} ms"
     print(f"{transport}: overlay {overlay} ms, picture {measured} ms")
     if transport == "ws":
         assert page.evaluate("tessera.transport") == "websocket"
