@@ -107,13 +107,17 @@ def test_the_latency_overlay_is_off_until_asked_and_then_agrees_with_the_picture
         page.wait_for_function(until("tessera.stats.service_ms !== null"), timeout=TIMEOUT_MS)
         measured.append(statistics.median(page.evaluate(MEASURE_JS, 30)))
         overlay.append(float(page.evaluate("tessera.stats.latency_ms")))
-    # pair by pair: the overlay's figure is a second's, so a pair may straddle a change of the
-    # picture's latency (a refresh's 16.7 ms: 42 then 26 ms once); most pairs agree. Where the
+    # pair by pair: the overlay's figure is the last stats second's, read after the picture's
+    # window, so it may still be the second before that window: each is compared with its own
+    # window's picture or the one before, whichever is nearer (a fresh-clone CI run: picture
+    # 5, 21, 21, 5, 21 ms as the refresh phase stepped, overlay 6, 7, 22, 22, 5). Where the
     # picture's own latency moved from second to second by more than the bound (a loaded
-    # machine: 29 to 65 ms over three seconds in a fresh-clone CI run), half that move is
-    # allowed: a second's figure cannot follow it closer
+    # machine: 29 to 65 ms over three seconds in another), half that move is allowed: a
+    # second's figure cannot follow it closer
     real = statistics.median(measured)
-    apart = statistics.median(abs(o - m) for o, m in zip(overlay, measured, strict=True))
+    apart = statistics.median(
+        min(abs(o - m) for m in measured[max(0, i - 1) : i + 1]) for i, o in enumerate(overlay)
+    )
     moved = max(measured) - min(measured)
     bound = max(8.0, 0.25 * real, moved / 2)
     assert apart <= bound, f"overlay {overlay} ms, picture {measured} ms"
