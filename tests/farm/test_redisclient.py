@@ -16,6 +16,7 @@ import redis
 
 from farm.errors import QueueError
 from farm.redisclient import connect, guard
+from tests.farmprocs import until
 
 #: the test's budgets: short, so a cut costs seconds, with the production code paths
 RIDE_OUT_S = 3.0
@@ -132,10 +133,7 @@ def test_closing_a_client_closes_its_connections(redis_url: str, rconn: redis.Re
     conn.close()
     # redis-server drops a closed client when its event loop reads the EOF: on a loaded
     # machine CLIENT LIST from another connection came first once (fresh-clone CI run)
-    deadline = time.monotonic() + 2.0
-    while _clients_named(rconn, name) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _clients_named(rconn, name) == 0
+    until(lambda: _clients_named(rconn, name) == 0, 2.0, "the closed client leaving CLIENT LIST")
 
 
 def _clients_named(rconn: redis.Redis, name: str) -> int:

@@ -14,6 +14,7 @@ from rq import Queue
 
 from farm import keys, queue
 from farm.queue import PUBSUB_WAKE_S, _FarmWorker
+from tests.farmprocs import until
 
 
 def test_the_pubsub_thread_stops_at_once_after_its_unsubscription_was_read(
@@ -26,12 +27,10 @@ def test_the_pubsub_thread_stops_at_once_after_its_unsubscription_was_read(
         worker.subscribe()
         assert worker.pubsub is not None and worker.pubsub_thread is not None
         thread = worker.pubsub_thread
-        deadline = time.monotonic() + 5
-        while not worker.pubsub.subscribed and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert worker.pubsub.subscribed, "the worker never subscribed"
+        pubsub = worker.pubsub
+        until(lambda: pubsub.subscribed, 5, "the worker's subscription")
         # rq's own order: unsubscribe first; the thread reads the reply and starts waiting
-        worker.pubsub.unsubscribe()
+        pubsub.unsubscribe()
         time.sleep(0.5)
         t0 = time.monotonic()
         worker.unsubscribe()
