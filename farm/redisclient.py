@@ -209,13 +209,16 @@ def confirm_replicated(conn: Redis, key: str, field: str | None = None) -> bool:
     before its replica had it: write it again) or no replica confirmed it in REPLICA_WAIT_S
     (QueueError). ``key`` (``field`` of a hash) is what the write created.
 
+    A replica still in its first sync counts (INFO's connected replicas, not ROLE's, which
+    lists only those in sync): it reports its link down for -1 s, which Sentinel takes as
+    fit to promote, so a failover then would put an empty replica in the primary's place.
     WAIT confirms the writes of its own connection, and a pool lends any: a fence written on
     the same connection as the WAIT, after the write, orders it behind ours in the stream.
     Does nothing for a client without Sentinels (one Redis: no failover can lose a write).
     """
     if not isinstance(conn.connection_pool, SentinelConnectionPool):
         return True
-    replicas = guard(conn.execute_command, "ROLE")[2]
+    replicas = int(guard(conn.info, "replication").get("connected_slaves", 0))
     pipe = conn.pipeline(transaction=False)
     if field is None:
         pipe.exists(key)

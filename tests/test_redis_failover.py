@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import redis
 
-from farm import jobstore, redisurl
+from farm import jobstore, redisclient, redisurl
 from farm.errors import BadParameter
 from farm.redisserver import RedisServer
 from farm.settings import Settings
@@ -93,10 +93,13 @@ def replicated(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Senti
     sentinels = None
     assert primary.port is not None and replica.port is not None
     try:
-        redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
         to_primary = redis.Redis(port=primary.port)
-        until(lambda: to_primary.info("replication")["connected_slaves"] == 1,
-              30, "the replica syncing")  # fmt: skip
+        # its first sync at once (Redis waits 5 s for more replicas to share a diskless one)
+        to_primary.config_set("repl-diskless-sync-delay", 0)
+        redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
+        # in sync, not only connected: Sentinel may promote a replica still in its first sync
+        # (its link down for -1 s), and a primary killed then leaves an empty one in its place
+        until(lambda: _replica_state(to_primary) == "online", 30, "the replica in sync")
         sentinels = Sentinels(tmp_path, primary.port)
         for n in range(3):
             until(functools.partial(_ready, sentinels, n), 30,
@@ -107,6 +110,12 @@ def replicated(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Senti
             sentinels.stop()
         replica.stop()
         primary.stop()
+
+
+def _replica_state(primary: redis.Redis) -> str:
+    """The primary's one replica's replication state ('' while none is connected)."""
+    replica = primary.info("replication").get("slave0", {})
+    return str(replica.get("state", ""))
 
 
 def _ready(sentinels: Sentinels, n: int) -> bool:
@@ -156,6 +165,42 @@ def test_the_primary_killed_mid_job_the_replica_takes_over_and_every_frame_arriv
         assert w.proc.poll() is None, "the worker died with the failover"
     finally:
         w.stop()
+
+
+#: how long the primary holds back a replica's first sync in the test below: longer than the
+#: test takes to write, shorter than the farm's wait for a replica (REPLICA_WAIT_S)
+FIRST_SYNC_DELAY_S = 3
+
+
+def test_an_accepted_write_waits_for_a_replica_still_in_its_first_sync(tmp_path: Path) -> None:
+    """ROLE lists a replica only once it is in sync, but Sentinel may promote it before that:
+    a write the farm must not lose waits for the replica's first sync to end, rather than
+    count on no failover coming (where the replica would hold nothing at all)."""
+    primary = RedisServer(tmp_path / "primary", unix_socket=False)
+    replica = RedisServer(tmp_path / "replica", unix_socket=False)
+    primary.start()
+    replica.start()
+    assert primary.port is not None and replica.port is not None
+    sentinels = Sentinels(tmp_path, primary.port)
+    conn = None
+    try:
+        for port in sentinels.ports:
+            until(functools.partial(_answers, port), 30, f"sentinel on {port} answering")
+        to_primary = redis.Redis(port=primary.port)
+        to_primary.config_set("repl-diskless-sync-delay", FIRST_SYNC_DELAY_S)
+        redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
+        until(lambda: _replica_state(to_primary) != "", 30, "the replica connecting")
+        conn = redisclient.connect(sentinels.url)
+        conn.set("accepted", "job")
+        assert _replica_state(to_primary) != "online", "the test needs a replica not in sync"
+        assert redisclient.confirm_replicated(conn, "accepted")
+        assert redis.Redis(port=replica.port).get("accepted") == b"job"
+    finally:
+        if conn is not None:
+            conn.close()
+        sentinels.stop()
+        replica.stop()
+        primary.stop()
 
 
 @pytest.mark.parametrize(
