@@ -199,8 +199,9 @@ def run_switches(
     scene: Path, tmp: Path, size: tuple[int, int], samples: int, switches: int
 ) -> dict[str, list[float]]:
     """One tile of ``scene`` rendered by a sandboxed child, alternating between two projects'
-    copies of it: seconds of the first tile after each switch (fresh child: start, load,
-    render), of the next tile (the child holds the file), and of the child's start alone."""
+    copies of it: seconds of the first tile after each switch (the old child ended, a fresh
+    one started, the file loaded, the tile rendered), of the next tile (the child holds the
+    file), and of the child's start alone."""
     width, height = size
     rect = plan_tiles(width, height, TileGrid.parse("2x2"))[0].render
     roots = [tmp / "project-a", tmp / "project-b"]
@@ -212,8 +213,10 @@ def run_switches(
     with BlenderChild.for_settings(settings, "bench") as child:
         for i in range(switches + 1):
             root = roots[i % 2]
+            t0 = time.perf_counter()
             child.use(f"project-{i % 2}", root)
-            first = _tile(child, root / scene.name, width, height, rect, samples)
+            first = time.perf_counter() - t0
+            first += _tile(child, root / scene.name, width, height, rect, samples)
             kept = _tile(child, root / scene.name, width, height, rect, samples)
             if i:  # the first start is the worker's own, not a switch
                 out["switch_s"].append(first)

@@ -421,6 +421,30 @@ def test_child_dies_with_its_parent(work: Path) -> None:
         parent.stdout.close()
 
 
+#: a switch that waited for the old child to quit would wait BlenderChild.stop's 5 s for one
+#: that does not answer; killing it takes milliseconds
+SWITCH_BOUND_S = 2.0
+
+
+def test_a_switch_to_another_file_set_kills_the_old_child_without_waiting_for_it(
+    work: Path, scene: Path
+) -> None:
+    """The next project's task does not pay the old child's teardown, nor wait on a hung one."""
+    with _new_child(work / "switch") as c:
+        c.use("a", scene.parent)
+        c.ping()
+        old = c.pid
+        assert old is not None
+        os.kill(old, signal.SIGSTOP)  # a child that would never answer a request to quit
+        t0 = time.monotonic()
+        assert c.use("b", work / "switch")
+        took = time.monotonic() - t0
+        assert not c.alive and not Path(f"/proc/{old}").exists(), "the old child is gone"
+        assert took < SWITCH_BOUND_S, f"the switch waited {took:.1f} s for the old child"
+        c.ping()  # and the next request starts the new project's child
+        assert c.pid != old
+
+
 # --- delivery formats --------------------------------------------------------------------------
 
 
