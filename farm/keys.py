@@ -277,6 +277,12 @@ def stored_upload(sha256: str) -> str:
     return f"{PREFIX}:stored-upload:{sha256}"
 
 
+def upload_bytes_lock(sha256: str) -> str:
+    """Lock held while an upload's stored bytes are taken into a project (stored or reused,
+    then recorded) or deleted, so a deletion never removes bytes a record has just named."""
+    return f"{PREFIX}:stored-upload:{sha256}:lock"
+
+
 def upload(project_id: str, sha256: str) -> str:
     """String: JSON record of an upload as the project sees it (name, kind, files, created)."""
     return f"{PREFIX}:project:{project_id}:upload:{sha256}"

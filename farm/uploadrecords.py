@@ -17,7 +17,7 @@ from typing import Any
 from farm import keys
 from farm.errors import Conflict, NotFound
 from farm.models import JobSpec
-from farm.redisclient import Redis, guard
+from farm.redisclient import Redis, guard, locked
 from farm.states import JOB_FINAL, JobState
 from farm.storage.base import Storage
 
@@ -69,10 +69,19 @@ def users(conn: Redis, project: str, sha256: str) -> list[str]:
     return busy
 
 
+#: how long an upload's bytes stay locked at most (a dead holder frees them then): taking a
+#: zip in (unpacked, checked and stored, up to FARM_UNPACK_MAX_BYTES) or deleting its objects
+BYTES_LOCK_S = 600.0
+#: how long an intake or a deletion waits for the other to be done with the same bytes
+BYTES_WAIT_S = 120.0
+
+
 def delete(conn: Redis, storage: Storage, project: str, upload_id: str) -> DeletedUpload:
     """Remove the project's record of ``upload_id``, and its stored bytes when nothing else
     holds them. NotFound without the record; Conflict, changing nothing, while a job of the
-    project that has not finished uses it (a job submitted meanwhile retries the check)."""
+    project that has not finished uses it (a job submitted meanwhile retries the check);
+    QueueError, changing nothing, when an upload of the same bytes holds them past
+    BYTES_WAIT_S."""
     record_key = keys.upload(project, upload_id)
     jobs_key = keys.project_jobs(project)
 
@@ -95,14 +104,19 @@ def delete(conn: Redis, storage: Storage, project: str, upload_id: str) -> Delet
         pipe.decrby(keys.project_stored_bytes(project), int(rec.get("size", 0)))
         return rec
 
-    guard(conn.transaction, drop, record_key, jobs_key, value_from_callable=True)
-    kept = _still_held(conn, upload_id)
     objects = 0
-    if not kept:
-        # the record of the stored bytes first: an upload of the same bytes from now on stores
-        # them afresh instead of pointing at what is being removed
-        guard(conn.delete, keys.stored_upload(upload_id), keys.inspection(upload_id))
-        objects = storage.delete_prefix(f"uploads/{upload_id}")
+    # another project may be taking the same bytes in (web.intake.receive) right now: the
+    # whole deletion holds the bytes' lock, so a record made beside it names bytes that stay
+    with locked(conn, keys.upload_bytes_lock(upload_id), BYTES_LOCK_S, BYTES_WAIT_S,
+                f"the file of upload {upload_id[:12]} is being stored by an upload of the same "
+                "bytes; nothing was deleted, try again"):  # fmt: skip
+        guard(conn.transaction, drop, record_key, jobs_key, value_from_callable=True)
+        kept = _still_held(conn, upload_id)
+        if not kept:
+            # the record of the stored bytes first: were this process to die mid-removal, the
+            # next upload of the same bytes stores them afresh rather than name half of them
+            guard(conn.delete, keys.stored_upload(upload_id), keys.inspection(upload_id))
+            objects = storage.delete_prefix(f"uploads/{upload_id}")
     log.info("event=upload_deleted project=%s upload=%s objects=%d kept=%r", project,
              upload_id, objects, kept)  # fmt: skip
     return DeletedUpload(upload_id, project, objects, kept)

@@ -16,9 +16,10 @@ from farm import keys
 from farm.blendfile import check_blend, expanded_size
 from farm.errors import BadBlendFile, NotFound
 from farm.models import BlendSource
-from farm.redisclient import Redis, guard
+from farm.redisclient import Redis, guard, locked
 from farm.storage.base import Storage
 from farm.storage.local import LocalStorage
+from farm.uploadrecords import BYTES_LOCK_S, BYTES_WAIT_S
 from web.archive import is_zip, unpack
 
 log = logging.getLogger("tessera.web.uploads")
@@ -50,6 +51,27 @@ def scratch_dir(work_dir: Path) -> Path:
     path = work_dir / "web-uploads" / uuid.uuid4().hex
     path.mkdir(parents=True)
     return path
+
+
+def receive(
+    conn: Redis,
+    storage: Storage,
+    received: Path,
+    upload: tuple[str, int, str],
+    unpack_limit: int,
+    project: str,
+    user: str,
+) -> dict[str, Any]:
+    """Take the received file (``upload``: its sha256, size and name) into ``project``: its
+    bytes stored, or the same bytes stored before reused, and the project's record of them,
+    which is returned. The bytes' lock is held throughout: a deletion of the same bytes by
+    another project (farm.uploadrecords.delete) either ends before (they are stored afresh) or
+    starts after, and then finds this record and keeps them."""
+    sha256, size, name = upload
+    with locked(conn, keys.upload_bytes_lock(sha256), BYTES_LOCK_S, BYTES_WAIT_S,
+                "the same file is being stored or deleted; try again"):  # fmt: skip
+        stored = store(conn, storage, received, sha256, size, name, unpack_limit)
+        return record(conn, project, stored, name, user)
 
 
 def store(

@@ -331,19 +331,18 @@ async def _receive_file(
     request: web.Request, project: str, name: str, path: Path, sha: str, size: int
 ) -> web.Response:
     app = request.app
+    user = user_of(request).name
     try:
         # decompression and zip checks: on their own few threads, so a flood of them waits
         # there and never holds the threads other requests are answered on
-        stored = await checking(
-            app, intake.store, app[CONN], app[STORAGE], path, sha, size, name,
-            app[SETTINGS].unpack_max_bytes,
+        rec = await checking(
+            app, intake.receive, app[CONN], app[STORAGE], path, (sha, size, name),
+            app[SETTINGS].unpack_max_bytes, project, user,
         )  # fmt: skip
     finally:
         await blocking(app, shutil.rmtree, path.parent, ignore_errors=True)
-    user = user_of(request).name
-    rec = await blocking(app, intake.record, app[CONN], project, stored, name, user)
-    log.info("event=upload project=%s upload=%s name=%r bytes=%d user=%s", project,
-             stored.sha256, name, stored.size, user)  # fmt: skip
+    log.info("event=upload project=%s upload=%s name=%r bytes=%d user=%s", project, sha,
+             name, rec["size"], user)  # fmt: skip
     return web.json_response(intake.public(rec), status=201)
 
 

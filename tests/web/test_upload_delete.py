@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
 
-from farm import cli, jobstore, keys, queue, submission
+from farm import cli, jobstore, keys, queue, submission, uploadrecords
 from farm.accept import accept
 from farm.models import BlendSource
 from farm.settings import Settings
 from farm.states import JobState
+from farm.storage.local import LocalStorage
 from tests.conftest import TESTDATA
 from tests.web.conftest import Tokens, api, bearer, scene_report
+from web import intake
 
 PLAIN = TESTDATA / "01_principled_material.blend"
 
@@ -115,3 +121,52 @@ async def test_the_cli_lists_and_deletes_a_projects_uploads_only_with_yes(
     assert not _stored(web_settings, sha)
     assert cli.main(["uploads", "--project", "A"]) == 0
     assert "no uploads" in capsys.readouterr().out
+
+
+class _PausedDeletion(LocalStorage):
+    """The farm's folder storage, whose deletion of stored objects waits at its start until
+    the test lets it go: a deletion caught between its checks and its removal."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def delete_prefix(self, prefix: str) -> int:
+        self.entered.set()
+        assert self.go.wait(30), "the test never let the deletion go"
+        return super().delete_prefix(prefix)
+
+
+def _received(tmp: Path, name: str) -> Path:
+    """A copy of the test scene as the web receives it (intake consumes it)."""
+    path = tmp / name
+    shutil.copy(PLAIN, path)
+    return path
+
+
+def test_an_upload_of_the_same_bytes_during_a_deletion_keeps_its_file(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Project A deletes its upload while project B uploads the same bytes: B's record never
+    names bytes the deletion then removes. B's intake waits for the deletion and stores the
+    bytes afresh (or, started first, makes the deletion keep them)."""
+    conn = jobstore.connect(redis_url)
+    storage = _PausedDeletion(tmp_path / "storage")
+    sha = hashlib.sha256(PLAIN.read_bytes()).hexdigest()
+    conn.sadd(keys.PROJECTS, "A", "B")
+    limit = Settings().unpack_max_bytes
+    upload = (sha, PLAIN.stat().st_size, "scene.blend")
+    intake.receive(conn, storage, _received(tmp_path, "a.blend"), upload, limit, "A", "alice")
+    with ThreadPoolExecutor(2) as pool:
+        deleting = pool.submit(uploadrecords.delete, conn, storage, "A", sha)
+        assert storage.entered.wait(30), "the deletion never reached the stored objects"
+        b_file = _received(tmp_path, "b.blend")
+        receiving = pool.submit(intake.receive, conn, storage, b_file, upload, limit, "B", "bob")
+        time.sleep(0.5)
+        assert not receiving.done(), "B's upload went on beside A's deletion of the same bytes"
+        storage.go.set()
+        assert deleting.result(30).kept == ""
+        rec = receiving.result(30)
+    assert rec["project"] == "B" and storage.exists(rec["location"]), "B's file is gone"
+    assert json.loads(conn.get(keys.stored_upload(sha)) or "{}")["location"] == rec["location"]
+    conn.close()
