@@ -78,6 +78,12 @@ class WorkerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def child_logged(self, text: str) -> bool:
+        """Whether one of this worker's Blender children has logged ``text`` (their logs sit
+        beside its scratch folder, BlenderChild.log_dir): what the child itself is doing."""
+        logs = self.settings.work_dir.glob(f"{self.name}-logs/*.log")
+        return any(text in p.read_text(errors="replace") for p in logs)
+
     def stop(self) -> None:
         """SIGTERM, as an operator stops a worker. One still running STOP_WAIT_S later is
         killed and the test fails saying so: left running, it would serve the next tests'

@@ -159,7 +159,10 @@ def test_a_blender_child_killed_mid_tile_fails_that_tile_and_the_worker_goes_on(
     w = WorkerProcess(redis_url, tmp_path)
     try:
         store, job_id = submit(w.settings, slow_scene, tmp_path, tiles="2x1", samples=150)
-        wait_for(store, job_id, lambda e: e.type == "tile_state" and e.state == "rendering")
+        # the child's own word that it renders: the tile's "rendering" state comes before the
+        # request reaches it, and a child killed between them is only started again (on a
+        # loaded machine the kill once landed there and the tile rendered on, unfailed)
+        until(lambda: w.child_logged("tessera-child event=render "), 120, "the tile rendering")
         os.kill(w.blender_pid(), signal.SIGABRT)
         retried = wait_for(
             store, job_id, lambda e: e.type == "tile_state" and e.state == "queued" and e.message
@@ -228,12 +231,7 @@ def test_a_blender_child_killed_while_converting_a_frame_costs_a_conversion_not_
         source = LocalStorage(w.settings.storage_dir).put_upload(scene)
         req = submission.RenderRequest(output=tmp_path / "o", formats="png", tiles="1x1")
         job_id = accept(w.settings, store, q, req, source, inspect_timeout_s=120).job_id
-
-        def converting() -> bool:
-            logs = w.settings.work_dir.glob("*-logs/*.log")
-            return any("event=convert" in p.read_text(errors="replace") for p in logs)
-
-        until(converting, 120, "the child converting the frame")
+        until(lambda: w.child_logged("event=convert"), 120, "the child converting the frame")
         os.kill(w.blender_pid(), signal.SIGKILL)
         wait_for(store, job_id, lambda e: e.type == "job_state" and e.state in ("done", "failed"))
         status = store.status(job_id)
