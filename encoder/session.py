@@ -231,7 +231,7 @@ class StreamSession:
         if not (app_exited or looked_again) and display and _x_server_answers(display):
             # a dying X server resets its clients before it closes its listening socket:
             # look again once it had time to finish dying
-            self._loop.call_later(DYING_S, _weak(self._lost), reason, False, True)
+            self._loop.call_later(DYING_S, _look_again, weakref.ref(self), self.source, reason)
             return
         if display is not None and not _x_server_answers(display):
             reason = f"the display {display} (Xvfb) of app {self.app.name} crashed"
@@ -650,6 +650,16 @@ def _x_server_answers(display: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def _look_again(session: weakref.ref[StreamSession], source: Source, reason: str) -> None:
+    """The second look at a display whose capture failed while it still answered, unless a
+    restart has replaced it meanwhile (its app's exit said it was gone): that look would be at
+    the new display, which answers, and restart it for nothing, or end the session once the
+    retries were spent (seen beside a CPU hog: the restart finished before the look)."""
+    me = session()
+    if me is not None and me.source is source:
+        me._lost(reason, False, True)
 
 
 def _weak(method: Callable[P, R]) -> Callable[P, R]:

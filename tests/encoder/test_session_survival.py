@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
 import time
@@ -20,12 +21,13 @@ import numpy as np
 import pytest
 import redis
 
+import encoder.session
 from encoder.app import running
 from encoder.service import StreamService
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.rtcviewer import RtcViewer
+from tests.encoder.rtcviewer import Received, RtcViewer
 from tests.encoder.serviceprocess import ServiceProcess, ours_command
 from tests.encoder.test_stream_input import sprite
 from tests.encoder.test_stream_video import api, run
@@ -83,9 +85,23 @@ async def state_when(http: aiohttp.ClientSession, url: str, sid: str, pred: obje
         await asyncio.sleep(0.1)  # polling the API for the session's next state
 
 
+async def _next_frame(
+    viewer: RtcViewer, http: aiohttp.ClientSession, url: str, sid: str
+) -> Received:
+    """The viewer's next frame, or a failure that says what the session was doing then."""
+    try:
+        return await viewer.next_frame()
+    except TimeoutError:
+        _status, state = await api(http, "GET", f"{url}/api/streams/sessions/{sid}")
+        raise AssertionError(f"no frame for 10 s; the session: {state}") from None
+
+
 def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_crash_is_named(
-    service: StreamService,
+    service: StreamService, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # the session's restart and end are told at INFO: a failure shows them
+    caplog.set_level(logging.INFO, logger="tessera.stream")
+
     async def body(http: aiohttp.ClientSession, url: str) -> None:
         status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
         assert status == 201, session
@@ -106,7 +122,7 @@ def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_cras
             assert (home / "kept.txt").read_text() == "still here"
             # the same viewer, a new display: a fresh keyframe, then the game again
             viewer.drain()
-            while not (await viewer.next_frame()).keyframe:
+            while not (await _next_frame(viewer, http, url, sid)).keyframe:
                 pass
             while sprite(await viewer.next_frame()) is None:
                 pass
@@ -133,6 +149,49 @@ def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_cras
             while home.exists() and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             assert not home.exists()
+        finally:
+            await viewer.close()
+
+    run(service, body)
+
+
+#: the second look at a display whose capture failed while it answered, made long here so
+#: that the restart in between surely ends first (beside a CPU hog it did at 0.25 s)
+LATE_LOOK_S = 3.0
+
+
+def test_a_late_second_look_at_a_replaced_display_leaves_the_new_one_alone(
+    service: StreamService, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The capture fails while its display still answers, so the session looks again later;
+    meanwhile the display dies and is started again. The late look is about the display that
+    was replaced: the new one goes on playing (before, with the one retry spent, the session
+    ended, its viewer left without frames)."""
+    monkeypatch.setattr(encoder.session, "DYING_S", LATE_LOOK_S)
+    caplog.set_level(logging.INFO, logger="tessera.stream")
+
+    async def body(http: aiohttp.ClientSession, url: str) -> None:
+        status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
+        assert status == 201, session
+        sid = session["session_id"]
+        viewer = await RtcViewer(http, url, sid).join("player")
+        try:
+            while sprite(await viewer.next_frame()) is None:
+                pass
+            live = service.sessions[sid]
+            # what the capture's thread reports when its X connection breaks (the display
+            # answering still): the session looks again LATE_LOOK_S later
+            live._loop.call_soon_threadsafe(live._lost, "capture or encoding stopped: test", False)
+            kill_xvfb(service, sid)
+            await state_when(http, url, sid, lambda s: s["stats"]["restarts"] == 1)
+            viewer.drain()
+            while not (await _next_frame(viewer, http, url, sid)).keyframe:
+                pass
+            await asyncio.sleep(LATE_LOOK_S)  # past the late look
+            viewer.drain()
+            await _next_frame(viewer, http, url, sid)
+            _status, state = await api(http, "GET", f"{url}/api/streams/sessions/{sid}")
+            assert (state["state"], state["stats"]["restarts"]) == ("running", 1), state
         finally:
             await viewer.close()
 
