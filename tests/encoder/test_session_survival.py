@@ -85,6 +85,21 @@ async def state_when(http: aiohttp.ClientSession, url: str, sid: str, pred: obje
         await asyncio.sleep(0.1)  # polling the API for the session's next state
 
 
+async def _game_playing(http: aiohttp.ClientSession, url: str) -> tuple[str, RtcViewer]:
+    """A session of the game and its player, who sees the game's sprite."""
+    status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
+    assert status == 201, session
+    sid = session["session_id"]
+    viewer = await RtcViewer(http, url, sid).join("player")
+    try:
+        while sprite(await viewer.next_frame()) is None:
+            pass
+    except BaseException:
+        await viewer.close()
+        raise
+    return sid, viewer
+
+
 async def _next_frame(
     viewer: RtcViewer, http: aiohttp.ClientSession, url: str, sid: str
 ) -> Received:
@@ -103,13 +118,8 @@ def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_cras
     caplog.set_level(logging.INFO, logger="tessera.stream")
 
     async def body(http: aiohttp.ClientSession, url: str) -> None:
-        status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
-        assert status == 201, session
-        sid = session["session_id"]
-        viewer = await RtcViewer(http, url, sid).join("player")
+        sid, viewer = await _game_playing(http, url)
         try:
-            while sprite(await viewer.next_frame()) is None:
-                pass
             # a file in the session's home folder (as a viewer's upload puts it there)
             home = service.sessions[sid].source.home
             assert home is not None
@@ -171,13 +181,8 @@ def test_a_late_second_look_at_a_replaced_display_leaves_the_new_one_alone(
     caplog.set_level(logging.INFO, logger="tessera.stream")
 
     async def body(http: aiohttp.ClientSession, url: str) -> None:
-        status, session = await api(http, "POST", f"{url}/api/streams/sessions", GAME)
-        assert status == 201, session
-        sid = session["session_id"]
-        viewer = await RtcViewer(http, url, sid).join("player")
+        sid, viewer = await _game_playing(http, url)
         try:
-            while sprite(await viewer.next_frame()) is None:
-                pass
             live = service.sessions[sid]
             # what the capture's thread reports when its X connection breaks (the display
             # answering still): the session looks again LATE_LOOK_S later
