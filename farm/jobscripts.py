@@ -258,6 +258,8 @@ local tile = ARGV[2] .. ':' .. ARGV[3]
 if redis.call('HGET', KEYS[2], tile) ~= 'queued' or redis.call('HGET', KEYS[2], tile .. ':a') ~= ARGV[4] then
   return 'stale'
 end
+-- the worker that took it has come to it (farm.queue's mark_taken)
+redis.call('HDEL', KEYS[2], tile .. ':t')
 if st == 'suspended' then
   -- held back, not started, no failure counted: resuming queues it under the next attempt
   -- (a fresh rq task; this one may still be in rq's hands)
@@ -524,7 +526,30 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
   local tk, evk = keys.tiles(jid), keys.events(jid)
   local st = redis.call('HGET', jk, 'state')
   local deadline = tonumber(redis.call('HGET', tk, name .. ':d') or '0')
-  if st and not FINAL[st] and redis.call('HGET', tk, name) == 'rendering' then
+  local taken = redis.call('HGET', tk, name .. ':t')
+  if taken and redis.call('HGET', tk, name) == 'queued' and redis.call('HGET', tk, name .. ':a') == taken
+     and (st == 'queued' or st == 'running' or st == 'suspended') then
+    -- taken from the queue by a worker that never started it (it died in between): queued
+    -- again under the next attempt (a fresh rq task), no failure counted; a suspended job's
+    -- is held back for its resume, as START_TILE holds one
+    local sep = string.find(name, ':', 1, true)
+    local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
+    local next_attempt = tonumber(taken) + 1
+    redis.call('HDEL', tk, name .. ':t')
+    redis.call('HSET', tk, name .. ':a', next_attempt)
+    if st == 'suspended' then
+      redis.call('HSET', tk, name .. ':h', next_attempt)
+      tile_event(evk, jid, ARGV[2], 'queued', frame, index, next_attempt,
+                 'held: the job is suspended')
+    else
+      redis.call('ZADD', REQUEUED, now, member)
+      tile_event(evk, jid, ARGV[2], 'queued', frame, index, next_attempt,
+                 'the worker that took it stopped before starting it')
+      for _, v in ipairs({'t', jid, frame, index, tostring(next_attempt)}) do
+        table.insert(out, v)
+      end
+    end
+  elseif st and not FINAL[st] and redis.call('HGET', tk, name) == 'rendering' then
     if deadline >= now then
       redis.call('ZADD', TILE_DEADLINES, deadline, member)
     else

@@ -276,10 +276,38 @@ end
 return #moved
 """
 
+#: Lua: ``mark_taken(id, now, grace)`` notes in the job store that a worker took tile task
+#: ``id`` (its attempt, still queued) and must start it by ``now + grace``: one that dies first
+#: leaves it to the recovery sweep, which queues it again (farm.jobscripts.SWEEP). rq alone
+#: would only mark the task failed, a minute or an hour later, and the tile would wait forever.
+_MARK_TAKEN = """
+local function mark_taken(id, now, grace)
+  local jid, frame, index, attempt = string.match(id, '^tile%-(.+)%-(%d+)%-(%d+)%-(%d+)$')
+  if not jid then return end
+  local tk, name = keys.tiles(jid), frame .. ':' .. index
+  if redis.call('HGET', tk, name) ~= 'queued' then return end
+  if redis.call('HGET', tk, name .. ':a') ~= attempt then return end
+  redis.call('HSET', tk, name .. ':t', attempt)
+  redis.call('ZADD', keys.TILE_DEADLINES, now + grace, jid .. '|' .. name)
+end
+"""
+
+#: The blocking take's mark (a BLMOVE cannot run a script): ARGV: task id, start grace (s).
+_MARK = (
+    keys.lua("tiles", "TILE_DEADLINES")
+    + _MARK_TAKEN
+    + """
+local clock = redis.call('TIME')
+mark_taken(ARGV[1], tonumber(clock[1]) + tonumber(clock[2]) / 1e6, tonumber(ARGV[2]))
+return 1
+"""
+)
+
 #: A worker's next task, moved (as rq's reliable dequeue does) onto its queue's intermediate
 #: list: a task at the front of the class's own queue that is not a tile (an assembly, an
 #: inspection, a wake), else the head of the highest band above 0, a tag set's band of 0, the
-#: class's own queue, the bands below 0. Empty bands leave the index.
+#: class's own queue, the bands below 0. Empty bands leave the index. A tile taken is marked so
+#: (``mark_taken``).
 #: A tag set's band (``...-p5~a+b``) is looked into only by a worker with every tag of it, and
 #: only while each limited tag of it has a free slot (FARM_TAG_LIMITS: the slot is taken here,
 #: in the same step, until the tile's lease would expire; renewed with it, freed at its end).
@@ -289,7 +317,8 @@ return #moved
 #: ARGV: the worker's tags (comma-separated), the tag limits (JSON), slot lease (s), scan depth.
 #: Returns {queue key, task id} or nil.
 _PICK = (
-    keys.lua("tag_slots")
+    keys.lua("tag_slots", "tiles", "TILE_DEADLINES")
+    + _MARK_TAKEN
     + """
 local mine = {}
 for t in string.gmatch(ARGV[1], '[^,]+') do mine[t] = true end
@@ -338,6 +367,7 @@ local function take(key)
     end
   end
   if not id then return nil end
+  mark_taken(id, now, tonumber(ARGV[3]))
   for _, t in ipairs(tags_of(key)) do
     if limits[t] then redis.call('ZADD', keys.tag_slots(t), now + tonumber(ARGV[3]), id) end
   end
@@ -395,7 +425,7 @@ class _BandedQueue(Queue):
         death_penalty_class: Any = None,
     ) -> tuple[Job, Queue] | None:
         (base,) = queues
-        pick = connection.register_script(_PICK)
+        pick, mark = connection.register_script(_PICK), connection.register_script(_MARK)
         bands_key = keys.render_bands(base.name.removeprefix(keys.render_queue("")))
         me = cls.picker
         blocked_key = keys.worker_blocked(me.worker)
@@ -403,6 +433,7 @@ class _BandedQueue(Queue):
         args: list[str | float] = [tags, json.dumps(me.limits), me.slot_lease_s, BLOCKED_SCAN_DEPTH]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            blocking_take = False
             got = pick(keys=[base.key, bands_key, blocked_key], args=args)
             if got is None:
                 if deadline is None:
@@ -416,6 +447,7 @@ class _BandedQueue(Queue):
                     time.sleep(min(BLOCKED_RETRY_S, left))
                     continue
                 got = cls.lmove(connection, base.key, max(1, int(left)))  # raises DequeueTimeout
+                blocking_take = True
             queue_key, job_id = as_text(got[0]), as_text(got[1])
             if job_id == _WAKE_ID:
                 connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
@@ -428,6 +460,8 @@ class _BandedQueue(Queue):
                 pipe.lpush(queue_key, job_id)
                 pipe.execute()
                 continue
+            if blocking_take:
+                mark(args=[job_id, me.slot_lease_s])  # the pick marks its own take
             fetched = cls._fetch_dequeued_job(
                 connection, queue_key, job_id, job_class=job_class, serializer=serializer,
                 death_penalty_class=death_penalty_class,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,52 @@ def test_one_jobs_failed_push_skips_nothing_and_the_next_sweep_pushes_it(
     assert _waiting(ctx, TileTask(broken, 1, 0, 2)) == 1, "a later sweep pushes it"
     assert _waiting(ctx, TileTask(fine, 1, 0, 2)) == 1
     assert rconn.zrange(keys.REQUEUED, 0, -1) == []
+
+
+#: how long a worker may take between taking a tile task and starting the tile, in this test
+START_GRACE_S = 0.3
+
+
+def _taker(ctx: WorkerContext) -> tuple[type[queue._BandedQueue], queue._BandedQueue]:
+    """A worker's queue with its pick (as run_worker makes it), for taking tasks by hand."""
+    picker = queue.Picker("taker", slot_lease_s=START_GRACE_S)
+    cls = type("_TakerQueue", (queue._BandedQueue,), {"picker": picker})
+    return cls, cls(keys.render_queue("cpu"), connection=ctx.queue.conn)
+
+
+def test_a_tile_taken_by_a_worker_that_died_before_starting_it_is_queued_again(
+    ctx: WorkerContext, rconn: redis.Redis
+) -> None:
+    """rq would only fail a task whose worker died between taking it and starting it, a minute
+    (or an hour) later: the job waited for ever (the short chaos run once, its worker killed
+    there). The take is noted, and the sweep after the start's grace queues the tile again, no
+    failure counted; a tile that was started is left to its lease. Both takes count: the pick
+    and the blocking take of a worker that waited on an empty queue."""
+    taker_class, taker = _taker(ctx)
+    job_id = _job(ctx)
+    taken = []
+    for _ in range(2):
+        got = taker_class.dequeue_any([taker], None, connection=ctx.queue.conn)
+        assert got is not None
+        taken.append(got[0].id)
+    assert taken == [TileTask(job_id, 1, 0, 1).rq_id, TileTask(job_id, 1, 1, 1).rq_id]
+    # tile 1 is started (and lives on its lease); tile 0's worker died before starting it
+    assert ctx.store.start_tile(TileTask(job_id, 1, 1, 1)) == "ok"
+    # the blocking take: the queue is empty until another job's tiles come
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(taker_class.dequeue_any, [taker], 5, connection=ctx.queue.conn)
+        time.sleep(0.5)
+        other = _job(ctx)
+        got = waiting.result(10)
+    assert got is not None and got[0].id == TileTask(other, 1, 0, 1).rq_id
+    time.sleep(START_GRACE_S + 0.2)
+    ctx.sweep()
+    again = [TileTask(job_id, 1, 0, 2), TileTask(other, 1, 0, 2)]
+    assert [_waiting(ctx, t) for t in again] == [1, 1], "queued again, each once"
+    assert ctx.store.tile_states(job_id) == {"1:0": "queued", "1:1": "rendering"}
+    assert ctx.store.status(job_id).tile_failures == 0
+    why = [e.message for e in ctx.store.events(job_id) if e.type == "tile_state" and e.message]
+    assert why == ["the worker that took it stopped before starting it"]
+    # the old attempt, were its task run after all, is stale; the new one starts
+    assert ctx.store.start_tile(TileTask(job_id, 1, 0, 1)) == "stale"
+    assert ctx.store.start_tile(again[0]) == "ok"
