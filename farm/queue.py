@@ -460,7 +460,7 @@ class _BandedQueue(Queue):
                 pipe.lpush(queue_key, job_id)
                 pipe.execute()
                 continue
-            if blocking_take:
+            if blocking_take and job_id.startswith("tile-"):
                 mark(args=[job_id, me.slot_lease_s])  # the pick marks its own take
             fetched = cls._fetch_dequeued_job(
                 connection, queue_key, job_id, job_class=job_class, serializer=serializer,
