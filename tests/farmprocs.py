@@ -3,6 +3,7 @@ job submission as `farm submit` does it, and waiting for a job's events."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -141,3 +142,12 @@ def until(pred: Callable[[], object], timeout_s: float = 30, what: str = "condit
             return
         time.sleep(0.05)
     raise AssertionError(f"{what} did not hold within {timeout_s} s")
+
+
+async def eventually(pred: Callable[[], object], timeout_s: float, what: str) -> None:
+    """``until`` for a test's event loop: polls ``pred`` without stalling the loop."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        await asyncio.sleep(0.05)

@@ -3,6 +3,7 @@ every frame bit-exact and delivered once; and the forms of a Sentinel FARM_REDIS
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -84,32 +85,46 @@ class Sentinels:
             proc.wait(10)
 
 
-@pytest.fixture
-def replicated(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Sentinels]]:
+@contextlib.contextmanager
+def _servers(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """Two redis-servers on loopback, to be a primary and its replica; both stopped at the end."""
     primary = RedisServer(tmp_path / "primary", unix_socket=False)
     replica = RedisServer(tmp_path / "replica", unix_socket=False)
     primary.start()
     replica.start()
-    sentinels = None
-    assert primary.port is not None and replica.port is not None
     try:
-        to_primary = redis.Redis(port=primary.port)
-        # its first sync at once (Redis waits 5 s for more replicas to share a diskless one)
-        to_primary.config_set("repl-diskless-sync-delay", 0)
-        redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
-        # in sync, not only connected: Sentinel may promote a replica still in its first sync
-        # (its link down for -1 s), and a primary killed then leaves an empty one in its place
-        until(lambda: _replica_state(to_primary) == "online", 30, "the replica in sync")
-        sentinels = Sentinels(tmp_path, primary.port)
-        for n in range(3):
-            until(functools.partial(_ready, sentinels, n), 30,
-                  f"sentinel {n} knowing the replica and the other sentinels")  # fmt: skip
-        yield primary, replica, sentinels
+        assert primary.port is not None and replica.port is not None
+        yield primary, replica
     finally:
-        if sentinels is not None:
-            sentinels.stop()
         replica.stop()
         primary.stop()
+
+
+def _replicate(primary: RedisServer, replica: RedisServer, first_sync_delay_s: int) -> None:
+    """Make ``replica`` a replica of ``primary``, its first sync held back that long (Redis
+    waits 5 s by default, for more replicas to share one diskless sync)."""
+    assert primary.port is not None and replica.port is not None
+    redis.Redis(port=primary.port).config_set("repl-diskless-sync-delay", first_sync_delay_s)
+    redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer, Sentinels]]:
+    with _servers(tmp_path) as (primary, replica):
+        assert primary.port is not None
+        _replicate(primary, replica, 0)
+        # in sync, not only connected: Sentinel may promote a replica still in its first sync
+        # (its link down for -1 s), and a primary killed then leaves an empty one in its place
+        to_primary = redis.Redis(port=primary.port)
+        until(lambda: _replica_state(to_primary) == "online", 30, "the replica in sync")
+        sentinels = Sentinels(tmp_path, primary.port)
+        try:
+            for n in range(3):
+                until(functools.partial(_ready, sentinels, n), 30,
+                      f"sentinel {n} knowing the replica and the other sentinels")  # fmt: skip
+            yield primary, replica, sentinels
+        finally:
+            sentinels.stop()
 
 
 def _replica_state(primary: redis.Redis) -> str:
@@ -176,31 +191,26 @@ def test_an_accepted_write_waits_for_a_replica_still_in_its_first_sync(tmp_path:
     """ROLE lists a replica only once it is in sync, but Sentinel may promote it before that:
     a write the farm must not lose waits for the replica's first sync to end, rather than
     count on no failover coming (where the replica would hold nothing at all)."""
-    primary = RedisServer(tmp_path / "primary", unix_socket=False)
-    replica = RedisServer(tmp_path / "replica", unix_socket=False)
-    primary.start()
-    replica.start()
-    assert primary.port is not None and replica.port is not None
-    sentinels = Sentinels(tmp_path, primary.port)
-    conn = None
-    try:
-        for port in sentinels.ports:
-            until(functools.partial(_answers, port), 30, f"sentinel on {port} answering")
-        to_primary = redis.Redis(port=primary.port)
-        to_primary.config_set("repl-diskless-sync-delay", FIRST_SYNC_DELAY_S)
-        redis.Redis(port=replica.port).replicaof("127.0.0.1", primary.port)
-        until(lambda: _replica_state(to_primary) != "", 30, "the replica connecting")
-        conn = redisclient.connect(sentinels.url)
-        conn.set("accepted", "job")
-        assert _replica_state(to_primary) != "online", "the test needs a replica not in sync"
-        assert redisclient.confirm_replicated(conn, "accepted")
-        assert redis.Redis(port=replica.port).get("accepted") == b"job"
-    finally:
-        if conn is not None:
-            conn.close()
-        sentinels.stop()
-        replica.stop()
-        primary.stop()
+    with _servers(tmp_path) as (primary, replica):
+        assert primary.port is not None and replica.port is not None
+        sentinels = Sentinels(tmp_path, primary.port)
+        conn = None
+        try:
+            for port in sentinels.ports:
+                until(functools.partial(_answers, port), 30, f"sentinel on {port} answering")
+            # replicating only now: the sentinels' start does not eat into the held sync
+            _replicate(primary, replica, FIRST_SYNC_DELAY_S)
+            to_primary = redis.Redis(port=primary.port)
+            until(lambda: _replica_state(to_primary) != "", 30, "the replica connecting")
+            conn = redisclient.connect(sentinels.url)
+            conn.set("accepted", "job")
+            assert _replica_state(to_primary) != "online", "the test needs a replica not in sync"
+            assert redisclient.confirm_replicated(conn, "accepted")
+            assert redis.Redis(port=replica.port).get("accepted") == b"job"
+        finally:
+            if conn is not None:
+                conn.close()
+            sentinels.stop()
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from tests.encoder.rtcviewer import Received, RtcViewer
 from tests.encoder.serviceprocess import ServiceProcess, ours_command
 from tests.encoder.test_stream_input import sprite
 from tests.encoder.test_stream_video import api, run
+from tests.farmprocs import eventually
 
 GAME = {"app": "game", "width": 320, "height": 240, "fps": 30}
 
@@ -155,10 +156,7 @@ def test_a_killed_display_is_started_again_and_the_viewer_plays_on_then_the_cras
             assert "(Xvfb) of app game crashed" in state["reason"], state["reason"]
             assert "exited with status" not in state["reason"]
             # the session's end takes its home folder with it
-            deadline = time.monotonic() + 10
-            while home.exists() and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            assert not home.exists()
+            await eventually(lambda: not home.exists(), 10, "the home folder's removal")
         finally:
             await viewer.close()
 

@@ -21,8 +21,9 @@ from farm.states import JobState
 from farm.webhooks import hooks, signing
 from farm.webhooks.dispatcher import Delivery, Dispatcher, retry_after_s
 from tests.conftest import REPO
+from tests.farmprocs import eventually
 from tests.web.conftest import api, bearer, make_job
-from tests.web.test_webhooks import eventually, fast
+from tests.web.test_webhooks import fast
 
 
 @dataclass

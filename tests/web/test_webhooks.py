@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from farm.webhooks import addresses, hooks, signing
 from farm.webhooks.dispatcher import CONSUMER, GROUP, Dispatcher, backoff_s
 from tests.blendscenes import make_scene
 from tests.conftest import REPO
-from tests.farmprocs import WorkerProcess, submit
+from tests.farmprocs import WorkerProcess, eventually, submit
 from tests.web.conftest import Tokens, api, bearer, make_job, wait_for_worker
 
 ALL = ["job.submitted", "frame.done", "frame.done", "job.done"]
@@ -88,14 +88,6 @@ class Receiver:
 
     def accepted_events(self) -> list[str]:
         return sorted(b["event"] for b in self.accepted.values())
-
-
-async def eventually(pred: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        await asyncio.sleep(0.05)
 
 
 def fast(settings: Settings, **changes: Any) -> Settings:
