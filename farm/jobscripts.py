@@ -526,8 +526,8 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
   local tk, evk = keys.tiles(jid), keys.events(jid)
   local st = redis.call('HGET', jk, 'state')
   local deadline = tonumber(redis.call('HGET', tk, name .. ':d') or '0')
-  local taken = redis.call('HGET', tk, name .. ':t')
-  if taken and redis.call('HGET', tk, name) == 'queued' and redis.call('HGET', tk, name .. ':a') == taken
+  local tile_st, taken = redis.call('HGET', tk, name), redis.call('HGET', tk, name .. ':t')
+  if taken and tile_st == 'queued' and redis.call('HGET', tk, name .. ':a') == taken
      and (st == 'queued' or st == 'running' or st == 'suspended') then
     -- taken from the queue by a worker that never started it (it died in between): queued
     -- again under the next attempt (a fresh rq task), no failure counted; a suspended job's
@@ -549,7 +549,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
         table.insert(out, v)
       end
     end
-  elseif st and not FINAL[st] and redis.call('HGET', tk, name) == 'rendering' then
+  elseif st and not FINAL[st] and tile_st == 'rendering' then
     if deadline >= now then
       redis.call('ZADD', TILE_DEADLINES, deadline, member)
     else
