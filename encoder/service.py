@@ -23,7 +23,7 @@ from encoder.catalog import TESTPATTERN, Catalog
 from encoder.session import SessionState, StreamSession
 from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
 from encoder.turn import ice_servers
-from farm import keys, sandbox, workerstate
+from farm import keys, redisclock, sandbox, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
@@ -165,7 +165,8 @@ class StreamService:
             "started": self.started,
             "encoder_sessions": device.encoder_sessions,
             "encode_mpx_s": round(self.encode_mpx_s, 1),
-            "alive_until": time.time() + self.settings.agent_timeout_s,
+            # on Redis's clock, which the web reads it with (farm.redisclock)
+            "alive_until": redisclock.now(self._redis()) + self.settings.agent_timeout_s,
         }
 
     def _register(self) -> None:

@@ -501,7 +501,7 @@ def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
 
 
 def cmd_workers(settings: Settings, args: argparse.Namespace) -> Any:
-    from farm import jobstore, workerstate
+    from farm import jobstore, redisclock, workerstate
 
     conn = jobstore.connect(settings.redis_url)
     try:
@@ -513,6 +513,7 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> Any:
             print(f"{worker.name}: {worker.state.value}")
             return None
         workers = registry.list()
+        now = redisclock.now(conn)
     finally:
         conn.close()
     if args.json:
@@ -520,7 +521,7 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> Any:
     if not workers:
         print("no worker has reported: start one with `farm worker` (or `farm up`)")
         return None
-    print("\n".join(workerstate.render_text(workers)))
+    print("\n".join(workerstate.render_text(workers, now)))
     return None
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from farm import jobscripts, keys, redisclient
+from farm import jobscripts, keys, redisclient, redisclock
 from farm.alloc import usage
 from farm.errors import Conflict, NotFound
 from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
@@ -52,13 +52,14 @@ class JobStore:
         self,
         conn: Redis,
         tile_lease_s: float = Settings.lease_ttl_s,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         job_retention_s: float = Settings.job_retention_s,
         usage_raw_retention_s: float = Settings.usage_raw_retention_s,
     ) -> None:
         self.conn = conn
-        #: epoch seconds (the scale simulator drives its own)
-        self.clock = clock
+        #: epoch seconds on Redis's clock, which every host shares (farm.redisclock): a
+        #: deadline one host writes, another judges. The scale simulator drives its own.
+        self.clock = clock or redisclock.clock_for(conn)
         #: a rendering tile not renewed for this long is requeued by the recovery sweep: the
         #: farm's lease TTL (FARM_LEASE_TTL_S), as for the tile's device lease
         self.tile_lease_s = tile_lease_s

@@ -4,10 +4,9 @@ so that a worker that dies frees its slot when the lease would have expired."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
-from farm import keys
+from farm import keys, redisclock
 from farm.redisclient import Redis, guard
 
 
@@ -16,7 +15,8 @@ def renew(conn: Redis, tags: Iterable[str], task_id: str, lease_s: float) -> Non
     tags = list(tags)
     if not tags:
         return
-    until = time.time() + lease_s
+    # Redis's clock, as the pick that took the slot (and counts slots held) reads it
+    until = redisclock.now(conn) + lease_s
     pipe = conn.pipeline(transaction=False)
     for tag in tags:
         pipe.zadd(keys.tag_slots(tag), {task_id: until}, xx=True)
@@ -36,4 +36,4 @@ def release(conn: Redis, tags: Iterable[str], task_id: str) -> None:
 
 def running(conn: Redis, tag: str) -> int:
     """Slots of ``tag`` held now (expired ones not counted)."""
-    return int(guard(conn.zcount, keys.tag_slots(tag), time.time(), "+inf"))
+    return int(guard(conn.zcount, keys.tag_slots(tag), redisclock.now(conn), "+inf"))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from farm import keys
+from farm import keys, redisclock
 from farm.errors import FarmError, NotFound
 from farm.redisclient import Redis, guard
 
@@ -142,7 +142,7 @@ class WorkerRegistry:
     def beat(self, name: str, fields: dict[str, Any], now: float | None = None) -> None:
         """Publish ``name``'s identity and gauges (host, pid, device, utilisation...) as alive
         now: one script call, O(1) whatever the farm's size."""
-        now = time.time() if now is None else now
+        now = redisclock.now(self.conn) if now is None else now
         flat: list[str] = []
         for key, value in fields.items():
             flat += [key, "" if value is None else str(value)]
@@ -153,7 +153,7 @@ class WorkerRegistry:
         """``name`` began a task: ``activity`` (rendering...) and what (job, frame, tile...)."""
         mapping: dict[Any, Any] = {
             "activity": activity,
-            "task_since": str(time.time()),
+            "task_since": str(redisclock.now(self.conn)),
         }
         mapping.update({k: "" if v is None else str(v) for k, v in task.items()})
         pipe = self.conn.pipeline()
@@ -169,7 +169,7 @@ class WorkerRegistry:
 
     def count(self, name: str, outcome: str) -> None:
         """One tile ``done`` or ``failed`` (a failure that counts) today."""
-        day_key = keys.worker_tiles(name, utc_day(time.time()))
+        day_key = keys.worker_tiles(name, utc_day(redisclock.now(self.conn)))
         pipe = self.conn.pipeline()
         pipe.hincrby(day_key, outcome, 1)
         pipe.expire(day_key, DAY_COUNTERS_TTL_S)
@@ -213,7 +213,7 @@ class WorkerRegistry:
 
     def list(self, names: list[str] | None = None) -> list[WorkerInfo]:
         """Every listed worker (or ``names``), by kind, queue and name."""
-        now = time.time()
+        now = redisclock.now(self.conn)  # the clock the beats were written with
         if names is None:
             names = list(guard(self.conn.zrange, keys.WORKERS, 0, -1))
         if not names:

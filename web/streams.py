@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
-from farm import keys, streamauth
+from farm import keys, redisclock, streamauth
 from farm.errors import BadParameter, FarmError, Forbidden, NoCapacity, NotFound, error_class
 from farm.redisclient import guard
 from web import jsonio
@@ -32,7 +31,7 @@ def device_class(service: dict[str, Any]) -> str:
 
 
 def _services(conn: Any) -> list[dict[str, Any]]:
-    now = time.time()
+    now = redisclock.now(conn)  # the services write their deadlines on Redis's clock
     out = []
     for raw in guard(conn.hgetall, keys.STREAM_SERVICES).values():
         try:
