@@ -452,9 +452,10 @@ class _BandedQueue(Queue):
             if job_id == _WAKE_ID:
                 connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
                 continue
-            if connection.sismember(blocked_key, _job_of(job_id)):
-                # the blocking take found a tile of a job this worker is blocklisted for: it
-                # goes back to the front, untouched (no attempt is counted)
+            if blocking_take and connection.sismember(blocked_key, _job_of(job_id)):
+                # the blocking take found a tile of a job this worker is blocklisted for (the
+                # pick passes them over itself): it goes back to the front, untouched (no
+                # attempt is counted)
                 pipe = connection.pipeline()
                 pipe.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
                 pipe.lpush(queue_key, job_id)

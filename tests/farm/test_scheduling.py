@@ -4,7 +4,9 @@ failed and healed by the sweep's recheck."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -188,6 +190,33 @@ def test_a_blocklisted_worker_with_only_the_jobs_tiles_waiting_neither_takes_nor
     # it looked about once a second (BLOCKED_RETRY_S), not in a loop
     picks = store.conn.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     assert 1 <= picks <= 4, picks
+
+
+def test_a_blocklisted_worker_waiting_on_an_empty_queue_puts_back_the_jobs_tile_it_got(
+    farm: tuple[JobStore, RenderQueue],
+) -> None:
+    """An idle worker blocks on its queue (BLMOVE cannot skip a job): a tile of a job it is
+    blocklisted for that arrives then goes back to the front, and the worker takes the next
+    job's tile instead."""
+    store, queue = farm
+    bad = _job(farm, frames="1")
+    blocklist.record_failure(store.conn, bad, "w1", threshold=1)
+    (bad_tile,) = queue.waiting_ids()
+    queue.conn.lrem(queue.queue.key, 1, bad_tile)  # the queue is empty: the worker blocks
+    cls: type[_BandedQueue] = type("_Q", (_BandedQueue,), {"picker": Picker("w1")})
+    with ThreadPoolExecutor(1) as pool:
+        taking = pool.submit(
+            cls.dequeue_any, [cls(queue.queue.name, connection=queue.conn)], 10, queue.conn
+        )
+        time.sleep(0.5)
+        queue.conn.lpush(queue.queue.key, bad_tile)  # e.g. requeued by the sweep
+        time.sleep(0.5)
+        good = _job(farm)
+        got = taking.result(15)
+    assert got is not None and str(got[0].id) == f"tile-{good}-1-0-1"
+    assert queue.waiting_ids()[0] == bad_tile, "the blocklisted job's tile left the front"
+    intermediate = queue.conn.lrange(queue.queue.key + ":intermediate", 0, -1)
+    assert bad_tile.encode() not in intermediate
 
 
 # --- dependencies -------------------------------------------------------------------------------
