@@ -269,23 +269,32 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     from farm.accept import accept, estimate_job
     from farm.alloc.allocator import SlotAllocator
     from farm.blendfile import check_blend
+    from farm.storage.base import sha256_file
     from farm.storage.factory import farm_storage
+    from farm.uploadrecords import bytes_locked
 
     req = _request(args, settings, args.output)
     # refused before the file is stored
     submission.check_request(req)
     check_blend(args.blend)
     _require_worker(settings, req.device)
-    storage = farm_storage(settings)
-    source = storage.put_upload(args.blend)
-    storage.close()
     store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
     render_queue = queue.RenderQueue(queue.connect(settings.redis_url), req.device)
     allocator = SlotAllocator(store.conn, ttl_s=settings.lease_ttl_s)
-    if args.estimate:
-        return _print_estimate(estimate_job(settings, store, render_queue, req, source, allocator),
-                               args.json)  # fmt: skip
-    accepted = accept(settings, store, render_queue, req, source, allocator=allocator)
+    sha256 = sha256_file(args.blend)
+    # A project deleting an upload of the same bytes removes them unless a job renders them
+    # (farm.uploadrecords.delete): their lock is held until this job exists.
+    with bytes_locked(store.conn, sha256, "a project is deleting an upload of the same file; "
+                      "nothing was submitted, try again"):  # fmt: skip
+        storage = farm_storage(settings)
+        try:
+            source = storage.put_upload(args.blend, sha256=sha256)
+        finally:
+            storage.close()
+        if args.estimate:
+            quoted = estimate_job(settings, store, render_queue, req, source, allocator)
+            return _print_estimate(quoted, args.json)
+        accepted = accept(settings, store, render_queue, req, source, allocator=allocator)
     for w in accepted.warnings:
         print(f"farm: warning: {safe(w)}", file=sys.stderr)
     if args.wait:

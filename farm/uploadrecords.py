@@ -9,8 +9,10 @@ the upload, the delete is refused with the jobs' ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +78,15 @@ BYTES_LOCK_S = 600.0
 BYTES_WAIT_S = 120.0
 
 
+@contextlib.contextmanager
+def bytes_locked(conn: Redis, sha256: str, busy: str) -> Iterator[None]:
+    """Hold the lock of the stored bytes ``sha256``: taken by whatever stores them and makes
+    them held (an upload's intake until its record, ``farm submit`` until its job exists) and
+    by a deletion from its checks to its removal. QueueError(``busy``) past BYTES_WAIT_S."""
+    with locked(conn, keys.upload_bytes_lock(sha256), BYTES_LOCK_S, BYTES_WAIT_S, busy):
+        yield
+
+
 def delete(conn: Redis, storage: Storage, project: str, upload_id: str) -> DeletedUpload:
     """Remove the project's record of ``upload_id``, and its stored bytes when nothing else
     holds them. NotFound without the record; Conflict, changing nothing, while a job of the
@@ -105,11 +116,12 @@ def delete(conn: Redis, storage: Storage, project: str, upload_id: str) -> Delet
         return rec
 
     objects = 0
-    # another project may be taking the same bytes in (web.intake.receive) right now: the
-    # whole deletion holds the bytes' lock, so a record made beside it names bytes that stay
-    with locked(conn, keys.upload_bytes_lock(upload_id), BYTES_LOCK_S, BYTES_WAIT_S,
-                f"the file of upload {upload_id[:12]} is being stored by an upload of the same "
-                "bytes; nothing was deleted, try again"):  # fmt: skip
+    # another project may be taking the same bytes in (web.intake.receive, `farm submit`)
+    # right now: the whole deletion holds the bytes' lock, so a record or a job made beside it
+    # names bytes that stay
+    with bytes_locked(conn, upload_id, f"the file of upload {upload_id[:12]} is being stored "
+                      "by an upload or a submission of the same bytes; nothing was deleted, try "
+                      "again"):  # fmt: skip
         guard(conn.transaction, drop, record_key, jobs_key, value_from_callable=True)
         kept = _still_held(conn, upload_id)
         if not kept:

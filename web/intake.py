@@ -16,10 +16,10 @@ from farm import keys
 from farm.blendfile import check_blend, expanded_size
 from farm.errors import BadBlendFile, NotFound
 from farm.models import BlendSource
-from farm.redisclient import Redis, guard, locked
+from farm.redisclient import Redis, guard
 from farm.storage.base import Storage
 from farm.storage.local import LocalStorage
-from farm.uploadrecords import BYTES_LOCK_S, BYTES_WAIT_S
+from farm.uploadrecords import bytes_locked
 from web.archive import is_zip, unpack
 
 log = logging.getLogger("tessera.web.uploads")
@@ -68,8 +68,7 @@ def receive(
     another project (farm.uploadrecords.delete) either ends before (they are stored afresh) or
     starts after, and then finds this record and keeps them."""
     sha256, size, name = upload
-    with locked(conn, keys.upload_bytes_lock(sha256), BYTES_LOCK_S, BYTES_WAIT_S,
-                "the same file is being stored or deleted; try again"):  # fmt: skip
+    with bytes_locked(conn, sha256, "the same file is being stored or deleted; try again"):
         stored = store(conn, storage, received, sha256, size, name, unpack_limit)
         return record(conn, project, stored, name, user)
 

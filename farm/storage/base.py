@@ -165,10 +165,13 @@ class Storage(ABC):
         not a file:// path, nor an in-cluster S3 endpoint; else the web streams the files."""
         return False
 
-    def put_upload(self, src: Path, name: str | None = None) -> BlendSource:
-        """Store a .blend under its content hash; the same bytes twice are stored once."""
+    def put_upload(
+        self, src: Path, name: str | None = None, sha256: str | None = None
+    ) -> BlendSource:
+        """Store a .blend under its content hash (``sha256`` when the caller has it); the
+        same bytes twice are stored once."""
         name = name or src.name
-        sha = sha256_file(src)
+        sha = sha256 or sha256_file(src)
         key = f"uploads/{sha}/{name}"
         existing = self.stat(key)
         if existing is None or existing.size != src.stat().st_size:

@@ -22,10 +22,13 @@ from farm.settings import Settings
 from farm.states import JobState
 from farm.storage.local import LocalStorage
 from tests.conftest import TESTDATA
-from tests.web.conftest import Tokens, api, bearer, scene_report
+from tests.farmprocs import WorkerProcess
+from tests.web.conftest import Tokens, api, bearer, scene_report, wait_for_worker
 from web import intake
 
 PLAIN = TESTDATA / "01_principled_material.blend"
+#: the example scene: no external files, so `farm submit` takes it as it is
+EXAMPLE = Path(__file__).resolve().parents[2] / "farm" / "examples" / "example.blend"
 
 
 async def _upload(client: TestClient[Any, Any], token: str, project: str) -> str:
@@ -170,3 +173,48 @@ def test_an_upload_of_the_same_bytes_during_a_deletion_keeps_its_file(
     assert rec["project"] == "B" and storage.exists(rec["location"]), "B's file is gone"
     assert json.loads(conn.get(keys.stored_upload(sha)) or "{}")["location"] == rec["location"]
     conn.close()
+
+
+def test_a_farm_submit_of_the_same_bytes_during_a_deletion_keeps_its_file(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Project A deletes its upload while an operator's `farm submit` sends the same bytes:
+    the submission waits for the deletion and stores them afresh, so its job renders a file
+    that is there. Without the bytes' lock it found A's copy, stored nothing, and the
+    deletion removed the file its job (or its inspection) then lacked."""
+    worker = WorkerProcess(redis_url, tmp_path)  # it inspects the submitted file
+    conn = jobstore.connect(redis_url)
+    try:
+        for name in ("FARM_REDIS_URL", "FARM_STORAGE_DIR", "FARM_WORK_DIR"):
+            monkeypatch.setenv(name, worker.env[name])
+        storage = _PausedDeletion(worker.settings.storage_dir)
+        sha = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
+        conn.sadd(keys.PROJECTS, "A")
+        upload = (sha, EXAMPLE.stat().st_size, "scene.blend")
+        limit = Settings().unpack_max_bytes
+        received = tmp_path / "a.blend"
+        shutil.copy(EXAMPLE, received)
+        intake.receive(conn, storage, received, upload, limit, "A", "alice")
+        scene = tmp_path / "scene.blend"
+        shutil.copy(EXAMPLE, scene)
+        wait_for_worker(redis_url)
+        submit = ["submit", str(scene), "--frames", "1", "--tiles", "1x1", "--output",
+                  str(tmp_path / "out"), "--json"]  # fmt: skip
+        with ThreadPoolExecutor(2) as pool:
+            deleting = pool.submit(uploadrecords.delete, conn, storage, "A", sha)
+            assert storage.entered.wait(30), "the deletion never reached the stored objects"
+            submitting = pool.submit(cli.main, submit)
+            time.sleep(0.5)
+            assert not submitting.done(), "the submission went on beside the deletion"
+            storage.go.set()
+            assert deleting.result(30).kept == ""
+            assert submitting.result(180) == 0, capsys.readouterr().err
+        job = json.loads(capsys.readouterr().out)
+        assert job["state"] in ("queued", "running", "done"), job
+        assert _stored(worker.settings, sha), "the submitted job's file is gone"
+    finally:
+        conn.close()
+        worker.stop()
