@@ -262,8 +262,14 @@ def main() -> None:
             for sub in ("a", "b", "bp", "b0", "b1", "c"):
                 (tmp / sub).mkdir()
             n = args.samples
-            a.append(run_plain(args.scene, frames, tmp / "a", n))
-            seconds, started, first_s = run_farm(args.scene, frames, tmp / "b", args.tiles, n)
+            # plain and farm in turn, the farm first every other run: a machine whose speed
+            # drifts within a run moves the ratio both ways, not one
+            if run % 2:
+                seconds, started, first_s = run_farm(args.scene, frames, tmp / "b", args.tiles, n)
+                a.append(run_plain(args.scene, frames, tmp / "a", n))
+            else:
+                a.append(run_plain(args.scene, frames, tmp / "a", n))
+                seconds, started, first_s = run_farm(args.scene, frames, tmp / "b", args.tiles, n)
             b.append(seconds)
             children.append(started)
             first_task.append(first_s)
