@@ -4,7 +4,6 @@ failed and healed by the sweep's recheck."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,6 +22,7 @@ from farm.queue import Picker, RenderQueue, _BandedQueue
 from farm.settings import Settings
 from farm.states import JobState
 from farm.tags import tag_limits
+from tests.farmprocs import until
 from tests.web.conftest import SHA, scene_report
 
 
@@ -204,13 +204,23 @@ def test_a_blocklisted_worker_waiting_on_an_empty_queue_puts_back_the_jobs_tile_
     (bad_tile,) = queue.waiting_ids()
     queue.conn.lrem(queue.queue.key, 1, bad_tile)  # the queue is empty: the worker blocks
     cls: type[_BandedQueue] = type("_Q", (_BandedQueue,), {"picker": Picker("w1")})
+
+    def picks() -> int:
+        stats = store.conn.info("commandstats").get("cmdstat_evalsha", {})
+        return int(stats.get("calls", 0))
+
+    def blocking() -> bool:
+        return any(c.get("cmd") == "blmove" for c in store.conn.client_list())
+
     with ThreadPoolExecutor(1) as pool:
         taking = pool.submit(
             cls.dequeue_any, [cls(queue.queue.name, connection=queue.conn)], 10, queue.conn
         )
-        time.sleep(0.5)
+        until(blocking, 5, "the worker blocking on its empty queue")
+        before = picks()
         queue.conn.lpush(queue.queue.key, bad_tile)  # e.g. requeued by the sweep
-        time.sleep(0.5)
+        # the blocking take got it and put it back, and the worker picks again
+        until(lambda: picks() > before, 5, "the worker's pick after its blocking take")
         good = _job(farm)
         got = taking.result(15)
     assert got is not None and str(got[0].id) == f"tile-{good}-1-0-1"
