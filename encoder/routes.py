@@ -18,7 +18,7 @@ from encoder.files import Home
 from encoder.observe import StreamMetrics
 from encoder.turn import ice_servers
 from encoder.wsviewer import WsViewer
-from farm import metrics, streamauth
+from farm import metrics, redisclock, streamauth
 from farm.errors import BadParameter, FarmError, Forbidden, NotFound, TooLarge, Unauthorized
 from farm.httperrors import http_error
 from farm.settings import Settings
@@ -68,7 +68,10 @@ async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse
         # Prometheus' static FARM_METRICS_TOKEN (as the web takes it): good for /metrics alone
         request[CLAIMS] = StreamClaims("operator", exp=math.inf)
     else:
-        request[CLAIMS] = streamauth.verify(settings.stream_secret, token)
+        # on Redis's clock, as the web signed it (another host's clock may differ)
+        conn = request.app[SERVICE].conn
+        now = redisclock.now_nowait(conn) if conn is not None else None
+        request[CLAIMS] = streamauth.verify(settings.stream_secret, token, now)
     response = await handler(request)
     return response
 

@@ -83,6 +83,8 @@ class StreamService:
         # a sandbox that cannot start here fails the service now, naming the fix
         await asyncio.to_thread(sandbox.check, self.settings)
         self.conn = connect(self.settings.redis_url)
+        # on the clock the workers page reads its age with (farm.redisclock)
+        self.started = await asyncio.to_thread(redisclock.now, self.conn)
         self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
         self.agent = self._make_agent(self.allocator)
         await asyncio.to_thread(self.agent.start)
@@ -165,11 +167,13 @@ class StreamService:
             "started": self.started,
             "encoder_sessions": device.encoder_sessions,
             "encode_mpx_s": round(self.encode_mpx_s, 1),
-            # on Redis's clock, which the web reads it with (farm.redisclock)
-            "alive_until": redisclock.now(self._redis()) + self.settings.agent_timeout_s,
+            # on Redis's clock, which the web reads it with (farm.redisclock); never waiting
+            # on Redis: the service's own route serves this from its event loop
+            "alive_until": redisclock.now_nowait(self._redis()) + self.settings.agent_timeout_s,
         }
 
     def _register(self) -> None:
+        redisclock.now(self._redis())  # (on a thread) the clock read before its first use
         entry = json.dumps(self.registration())
         guard(self._redis().hset, keys.STREAM_SERVICES, self.device.id, entry)
         self._workers_entry()

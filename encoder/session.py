@@ -28,7 +28,7 @@ from encoder.source import SandboxedSource, Source, XAppSource, make_source
 from encoder.videoencoder import EncoderConfig, Packet, VideoEncoder, open_encoder, start_bitrate
 from encoder.wsviewer import WsViewer
 from encoder.xinput import XInput
-from farm import metrics
+from farm import metrics, redisclock
 from farm.alloc.allocator import Lease, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
@@ -347,7 +347,9 @@ class StreamSession:
             except FarmError as exc:
                 # Redis away: keep trying while the lease may still be ours
                 log.warning("event=lease_renew_failed session=%s error=%r", self.id, exc.message)
-                if time.time() * 1000 > self.lease.expires_ms:
+                # the lease's expiry is on Redis's clock (the allocator's scripts)
+                now_ms = redisclock.now_nowait(self.allocator.conn) * 1000
+                if now_ms > self.lease.expires_ms:
                     self.end_soon(f"lease not renewed: {exc.message}")
                     return
 

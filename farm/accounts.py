@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm import keys
+from farm import keys, redisclock
 from farm.errors import BadParameter, NotFound
 from farm.redisclient import Redis, guard
 
@@ -187,7 +187,7 @@ class Accounts:
         that token is revoked). Only its sha256 is stored."""
         session = secrets.token_urlsafe(32)
         sha = digest(session)
-        now = time.time()
+        now = redisclock.now(self.conn)  # any web replica lists and ends it
         expires = now + ttl_s
         pipe = self.conn.pipeline()
         pipe.hset(keys.web_session(sha), mapping={"user": user, "token_id": token_id,
@@ -243,7 +243,7 @@ class Accounts:
     def sessions(self, user: str) -> list[dict[str, Any]]:
         """The user's live browser sessions, newest first: id (the cookie's sha256, not the
         cookie), token id, created and expires (epoch s)."""
-        now = time.time()
+        now = redisclock.now(self.conn)
         ids = guard(self.conn.zrevrangebyscore, keys.user_sessions(user), "+inf", now)
         pipe = self.conn.pipeline()
         for sha in ids:

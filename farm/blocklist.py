@@ -4,11 +4,10 @@ someone clears the job's blocklist."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from farm import keys
+from farm import keys, redisclock
 from farm.redisclient import Redis, guard
 
 #: the least time a worker's set of blocklisted jobs is kept (it is renewed by each new entry;
@@ -88,7 +87,8 @@ def record_failure(
     preemption or an outage); True when this one blocklisted it."""
     keep = int(max(keep_s, MIN_KEEP_S))
     script = conn.register_script(_RECORD)
-    return bool(guard(script, keys=[], args=[job_id, worker, threshold, time.time(), keep]))
+    now = redisclock.now(conn)
+    return bool(guard(script, keys=[], args=[job_id, worker, threshold, now, keep]))
 
 
 def entries(conn: Redis, job_id: str) -> list[Entry]:
@@ -110,7 +110,7 @@ def clear(conn: Redis, job_id: str, who: str, worker: str = "") -> int:
     """Forget the job's blocklist (and its failure counts), or only ``worker``'s entry;
     returns the blocklisted workers it held."""
     script = conn.register_script(_CLEAR)
-    return int(guard(script, keys=[], args=[job_id, time.time(), who, worker]))
+    return int(guard(script, keys=[], args=[job_id, redisclock.now(conn), who, worker]))
 
 
 def announce(conn: Redis, worker: str, tags: frozenset[str], ttl_s: float) -> None:
@@ -134,6 +134,6 @@ def none_left(conn: Redis, job_id: str, job_tags: tuple[str, ...], live: list[st
 def warn_waiting(conn: Redis, job_id: str) -> None:
     message = ("every live worker that may render this job is blocklisted for it: the job "
                "waits for another worker (or clear its blocklist)")  # fmt: skip
-    fields = {"type": "warning", "job_id": job_id, "ts": str(time.time()), "message": message,
-              "v": "1"}  # fmt: skip
+    fields = {"type": "warning", "job_id": job_id, "ts": str(redisclock.now(conn)),
+              "message": message, "v": "1"}  # fmt: skip
     guard(conn.xadd, keys.events(job_id), fields, maxlen=100000, approximate=True)

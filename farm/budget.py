@@ -10,11 +10,10 @@ has every job estimated at submission (the clients ask for a probe).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from farm import keys
+from farm import keys, redisclock
 from farm.alloc import usage
 from farm.errors import BadParameter, OverBudget
 from farm.estimate import ClassEstimate, Estimate
@@ -101,7 +100,7 @@ def standing(
     b = get(store.conn, project)
     if b is None:
         return None
-    now = time.time() if now_s is None else now_s
+    now = redisclock.now(store.conn) if now_s is None else now_s
     since = f"{b.period_s:.0f}s"
     spent = usage.project_usage(store.conn, settings, project, since=since, now_s=now)
     committed = 0.0

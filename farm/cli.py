@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -338,7 +337,7 @@ def _require_worker(settings: Settings, device: str) -> None:
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
-    from farm import estimaterecords, jobstore
+    from farm import estimaterecords, jobstore, redisclock
 
     store = jobstore.JobStore(jobstore.connect(settings.redis_url))
     if args.job is None:
@@ -352,12 +351,13 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> Any:
                 f"{j.frames_done:>4}/{j.frames_total:<4}  {safe(j.spec.name)}"
             )
         return None
-    job = estimaterecords.settled(store.conn, store.status(args.job), time.time(),
+    now = redisclock.now(store.conn)  # the clock the job's times are on
+    job = estimaterecords.settled(store.conn, store.status(args.job), now,
                                   settings.estimate_errors_max)  # fmt: skip
     if args.json:
         return job.to_dict()
     started = job.started_s or job.created_s
-    took = (job.finished_s or time.time()) - started
+    took = (job.finished_s or now) - started
     print(f"job {job.id} ({safe(job.spec.name)}): {job.state}")
     print(
         f"  tiles {job.tiles_done}/{job.tiles_total}, frames {job.frames_done}/{job.frames_total}, "

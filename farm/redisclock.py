@@ -53,6 +53,15 @@ class RedisClock:
             self.sync()
         return self.local() + self.offset_s
 
+    def nowait(self) -> float:
+        """The time as ``__call__`` gives it, without ever waiting on Redis (for an event loop,
+        where a reading during an outage would hold every task for the ride-out): a reading
+        that is due is taken on a thread; before the first, this host's time is used."""
+        if time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.refresh_s  # one reading on its way
+            threading.Thread(target=self.sync, name="redis-clock", daemon=True).start()
+        return self.local() + self.offset_s
+
     def sync(self) -> None:
         """Read the server's clock now (at most one thread at a time; the others go on)."""
         pool = self._pool()
@@ -94,3 +103,8 @@ def clock_for(conn: Redis) -> RedisClock:
 def now(conn: Redis) -> float:
     """The Redis server's time now, in seconds since the epoch."""
     return clock_for(conn)()
+
+
+def now_nowait(conn: Redis) -> float:
+    """The Redis server's time, never waiting on Redis (``RedisClock.nowait``)."""
+    return clock_for(conn).nowait()

@@ -84,19 +84,29 @@ def viewer_token(
     ttl_s: float,
     desktop: bool = False,
     project_role: str = "",
+    now: float | None = None,
 ) -> str:
     """A token for one project's session (``session=""``: creating one), as ``role``, for a
-    user whose role in the project is ``project_role``."""
+    user whose role in the project is ``project_role``; it expires ``ttl_s`` after ``now``
+    (this host's time when None; the web gives Redis's, which the stream service checks it
+    with)."""
     if role not in ROLES:
         raise ValueError(f"stream role {role!r} is not one of {ROLES}")
     claims = StreamClaims(
-        "viewer", time.time() + ttl_s, project, session, role, desktop, project_role
+        "viewer",
+        (time.time() if now is None else now) + ttl_s,
+        project,
+        session,
+        role,
+        desktop,
+        project_role,
     )
     return sign(secret, claims)
 
 
-def operator_token(secret: str, ttl_s: float) -> str:
-    return sign(secret, StreamClaims("operator", time.time() + ttl_s, role="controller"))
+def operator_token(secret: str, ttl_s: float, now: float | None = None) -> str:
+    exp = (time.time() if now is None else now) + ttl_s
+    return sign(secret, StreamClaims("operator", exp, role="controller"))
 
 
 def verify(secret: str, token: str, now: float | None = None) -> StreamClaims:

@@ -196,7 +196,7 @@ class WorkerRegistry:
         if guard(self.conn.zscore, keys.WORKERS, name) is None:
             raise NotFound(f"no worker {name!r} (`farm workers` lists them)", worker=name)
         if disabled:
-            flag = json.dumps({"by": by, "at": time.time()})
+            flag = json.dumps({"by": by, "at": redisclock.now(self.conn)})
             guard(self.conn.hset, keys.WORKERS_DISABLED, name, flag)
         else:
             guard(self.conn.hdel, keys.WORKERS_DISABLED, name)
@@ -323,7 +323,8 @@ class Beacon:
         gauges: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.registry, self.name, self.every_s, self.gauges = registry, name, every_s, gauges
-        self.identity = {**identity, "started": time.time()}
+        # on the clock its beats and their readers use: its age is their difference
+        self.identity = {**identity, "started": redisclock.now(registry.conn)}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-beacon", daemon=True)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from farm import budget, estimaterecords, submission
+from farm import budget, estimaterecords, redisclock, submission
 from farm.accept import accept
 from farm.errors import BadParameter, Conflict, NotFound
 from farm.jobstore import JobStore
@@ -256,7 +256,9 @@ async def get_job(request: web.Request) -> web.Response:
     status = await job_for(request)
     app = request.app
     conn, keep = app[STORE].conn, app[SETTINGS].estimate_errors_max
-    status = await blocking(app, estimaterecords.settled, conn, status, time.time(), keep)
+    status = await blocking(
+        app, lambda: estimaterecords.settled(conn, status, redisclock.now(conn), keep)
+    )
     frames = await blocking(request.app, frames_view, request.app[STORE], status)
     return web.json_response({**job_json(status), "frames": frames})
 

@@ -70,6 +70,8 @@ def token(
         settings.stream_token_ttl_s,
         desktop,
         project_role=user_of(request).role(project) or "",
+        # the stream service checks it on Redis's clock: the hosts' clocks may differ
+        now=redisclock.now_nowait(request.app[CONN]),
     )
 
 
@@ -77,7 +79,8 @@ def operator(request: web.Request) -> str:
     """An operator token: for the calls that are not one project's (the app catalog, ICE)."""
     settings = request.app[SETTINGS]
     streamauth.check_secret(settings.stream_secret)
-    return streamauth.operator_token(settings.stream_secret, settings.stream_token_ttl_s)
+    now = redisclock.now_nowait(request.app[CONN])
+    return streamauth.operator_token(settings.stream_secret, settings.stream_token_ttl_s, now)
 
 
 def _viewer_role(request: web.Request, project: str) -> str:

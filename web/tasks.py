@@ -3,13 +3,13 @@ time and peak memory, filtered, sorted and paged; the job's ETA and per-frame ti
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
+from farm import redisclock
 from farm.errors import BadFrameList, BadParameter
 from farm.frames import parse_frames
 from farm.states import TileState
@@ -159,7 +159,8 @@ async def job_tasks(request: web.Request) -> web.Response:
                 "median_task_s": figures.median_task_s,
                 "workers": figures.workers,
                 "eta_s": figures.eta_s if running else None,
-                "now_s": time.time(),
+                # the clock the workers wrote the tasks' times with (farm.redisclock)
+                "now_s": redisclock.now_nowait(request.app[CONN]),
                 "frames": [asdict(f) for f in figures.frames],
             },
             "failures": failures_json(status.id, rows),

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm import keys
+from farm import keys, redisclock
 from farm.alloc import scripts
 from farm.errors import BadParameter
 from farm.redisclient import Redis, guard
@@ -394,6 +394,8 @@ def project_usage(
     """
     if not project:
         raise BadParameter("name the project whose usage to show")
+    # the entries' times are Redis's (the allocator's scripts): so is "now" of an age
+    now_s = redisclock.now(conn) if now_s is None else now_s
     since_ms = None if since is None else int(parse_time(since, now_s) * 1000)
     until_ms = None if until is None else int(parse_time(until, now_s) * 1000)
     if since_ms is not None and until_ms is not None and until_ms <= since_ms:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from farm import jobstore, keys, queue, redisclock, tagslots, workerstate
+from farm import jobstore, keys, queue, redisclient, redisclock, tagslots, workerstate
+from farm.accounts import Accounts
 from farm.jobstore import JobStore
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.redisclient import Redis
@@ -168,3 +170,33 @@ def test_a_host_behind_lists_no_stream_service_past_its_deadline(
     with host_behind(monkeypatch):
         listed = streams._services(behind)
     assert [e["alive_until"] > _server_time(conn) for e in listed] == [True]
+
+
+def test_a_web_session_made_on_a_host_behind_is_listed_on_another(
+    conn: Redis, behind: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a web replica behind by more than the session's life makes it; another lists it
+    redisclock.clock_for(behind).local = lambda: _TIME() - 600
+    with monkeypatch.context() as host:
+        host.setattr(time, "time", lambda: _TIME() - 600)
+        Accounts(behind).create_session("alice", ttl_s=300)
+    assert [s["user"] for s in Accounts(conn).sessions("alice")] == ["alice"]
+
+
+def test_an_event_loops_reading_never_waits_for_a_redis_that_is_away() -> None:
+    # nothing listens on this port: each reading rides the outage out (1 s here, 15 s by
+    # default), which an event loop (the web, the stream service) must never sit through
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    away = redisclient.connect(f"redis://127.0.0.1:{port}/0", ride_out_s=1.0)
+    clock = redisclock.RedisClock(away, local=_behind)
+    t0 = time.monotonic()
+    assert clock.nowait() == pytest.approx(_behind(), abs=0.1)  # this host's time, at once
+    assert time.monotonic() - t0 < 0.2
+    # a blocking reading (off the event loop) sits through the outage, then goes on with
+    # this host's time
+    t0 = time.monotonic()
+    assert redisclock.RedisClock(away, local=_behind)() == pytest.approx(_behind(), abs=2)
+    assert time.monotonic() - t0 >= 0.5
+    away.close()

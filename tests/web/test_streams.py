@@ -9,11 +9,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from farm import jobstore
+from farm import jobstore, redisclock
 from farm.accounts import Accounts
 from farm.settings import Settings
 from tests.encoder.tokens import STREAM_SECRET
 from tests.web.conftest import Tokens, api, bearer
+from web.appkeys import CONN
 
 
 async def test_launch_list_and_end_a_stream_through_the_web(
@@ -227,3 +228,36 @@ async def test_a_drained_stream_service_starts_no_session_and_its_running_one_co
             f"/api/streams/sessions/{(await again.json())['session_id']}", headers=alice
         )
         assert gone.status == 204
+
+
+@pytest.mark.parametrize("skewed", ["web", "service"])
+async def test_stream_tokens_hold_between_hosts_whose_clocks_differ(
+    web_settings: Settings, tokens: Tokens, monkeypatch: pytest.MonkeyPatch, skewed: str
+) -> None:
+    """The web signs each call's stream token and the service checks it, both on Redis's
+    clock (farm.redisclock). One host's clock is 10 minutes off, past a token's life
+    (FARM_STREAM_TOKEN_TTL_S, 300 s): a web behind, or a service ahead. The web still
+    reaches the service; on the hosts' own clocks every token had expired for it (401)."""
+    from encoder.app import serving
+
+    skew_s = -600.0 if skewed == "web" else 600.0
+    real_time = time.time
+
+    def wrong() -> float:
+        return real_time() + skew_s
+
+    web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
+    stream_settings = web_settings.with_(device="cpu", stream_port=0, cpu_encode_sessions=2)
+    async with serving(stream_settings) as service, api(web_settings) as client:
+        wrong_conn = client.app[CONN] if skewed == "web" else service.conn
+        assert wrong_conn is not None
+        clock = redisclock.clock_for(wrong_conn)
+        clock.local = wrong
+        clock.sync()  # as that host would have read the server's clock from the start
+        # this process's clock while the call goes through: the wrong host's (the other
+        # side's farm.redisclock keeps the right one)
+        with monkeypatch.context() as host:
+            host.setattr(time, "time", wrong)
+            got = await client.get("/api/streams/apps", headers=bearer(tokens.alice))
+        assert got.status == 200, await got.text()
+        assert "testpattern" in {a["name"] for a in (await got.json())["apps"]}
