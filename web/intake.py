@@ -53,24 +53,29 @@ def scratch_dir(work_dir: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Received:
+    """A file the web has received whole, before it is checked: what its sender called it."""
+
+    path: Path  # the scratch file (consumed by ``receive``)
+    sha256: str
+    size: int
+    name: str
+
+
 def receive(
-    conn: Redis,
-    storage: Storage,
-    received: Path,
-    upload: tuple[str, int, str],
-    unpack_limit: int,
-    project: str,
-    user: str,
+    conn: Redis, storage: Storage, upload: Received, unpack_limit: int, project: str, user: str
 ) -> dict[str, Any]:
-    """Take the received file (``upload``: its sha256, size and name) into ``project``: its
-    bytes stored, or the same bytes stored before reused, and the project's record of them,
-    which is returned. The bytes' lock is held throughout: a deletion of the same bytes by
-    another project (farm.uploadrecords.delete) either ends before (they are stored afresh) or
-    starts after, and then finds this record and keeps them."""
-    sha256, size, name = upload
-    with bytes_locked(conn, sha256, "the same file is being stored or deleted; try again"):
-        stored = store(conn, storage, received, sha256, size, name, unpack_limit)
-        return record(conn, project, stored, name, user)
+    """Take the received ``upload`` into ``project``: its bytes stored, or the same bytes
+    stored before reused, and the project's record of them, which is returned. The bytes'
+    lock is held throughout: a deletion of the same bytes by another project
+    (farm.uploadrecords.delete) either ends before (they are stored afresh) or starts after,
+    and then finds this record and keeps them."""
+    with bytes_locked(conn, upload.sha256, "the same file is being stored or deleted; try again"):
+        stored = store(
+            conn, storage, upload.path, upload.sha256, upload.size, upload.name, unpack_limit
+        )
+        return record(conn, project, stored, upload.name, user)
 
 
 def store(

@@ -336,7 +336,7 @@ async def _receive_file(
         # decompression and zip checks: on their own few threads, so a flood of them waits
         # there and never holds the threads other requests are answered on
         rec = await checking(
-            app, intake.receive, app[CONN], app[STORAGE], path, (sha, size, name),
+            app, intake.receive, app[CONN], app[STORAGE], intake.Received(path, sha, size, name),
             app[SETTINGS].unpack_max_bytes, project, user,
         )  # fmt: skip
     finally:

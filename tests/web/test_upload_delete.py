@@ -158,13 +158,14 @@ def test_an_upload_of_the_same_bytes_during_a_deletion_keeps_its_file(
     sha = hashlib.sha256(PLAIN.read_bytes()).hexdigest()
     conn.sadd(keys.PROJECTS, "A", "B")
     limit = Settings().unpack_max_bytes
-    upload = (sha, PLAIN.stat().st_size, "scene.blend")
-    intake.receive(conn, storage, _received(tmp_path, "a.blend"), upload, limit, "A", "alice")
+    size = PLAIN.stat().st_size
+    a_file = intake.Received(_received(tmp_path, "a.blend"), sha, size, "scene.blend")
+    intake.receive(conn, storage, a_file, limit, "A", "alice")
     with ThreadPoolExecutor(2) as pool:
         deleting = pool.submit(uploadrecords.delete, conn, storage, "A", sha)
         assert storage.entered.wait(30), "the deletion never reached the stored objects"
-        b_file = _received(tmp_path, "b.blend")
-        receiving = pool.submit(intake.receive, conn, storage, b_file, upload, limit, "B", "bob")
+        b_file = intake.Received(_received(tmp_path, "b.blend"), sha, size, "scene.blend")
+        receiving = pool.submit(intake.receive, conn, storage, b_file, limit, "B", "bob")
         time.sleep(0.5)
         assert not receiving.done(), "B's upload went on beside A's deletion of the same bytes"
         storage.go.set()
@@ -193,11 +194,11 @@ def test_a_farm_submit_of_the_same_bytes_during_a_deletion_keeps_its_file(
         storage = _PausedDeletion(worker.settings.storage_dir)
         sha = hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
         conn.sadd(keys.PROJECTS, "A")
-        upload = (sha, EXAMPLE.stat().st_size, "scene.blend")
         limit = Settings().unpack_max_bytes
         received = tmp_path / "a.blend"
         shutil.copy(EXAMPLE, received)
-        intake.receive(conn, storage, received, upload, limit, "A", "alice")
+        upload = intake.Received(received, sha, EXAMPLE.stat().st_size, "scene.blend")
+        intake.receive(conn, storage, upload, limit, "A", "alice")
         scene = tmp_path / "scene.blend"
         shutil.copy(EXAMPLE, scene)
         wait_for_worker(redis_url)
