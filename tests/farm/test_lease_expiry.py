@@ -1,5 +1,6 @@
-"""What the farm shows of a lease past its expiry, with no grant to reclaim it: the allocator's
-view, `farm gpus` and the farm's metrics count only leases still held (issue #14 item 5)."""
+"""A lease past its expiry with no grant to reclaim it: the allocator's view, `farm gpus` and the
+farm's metrics count only leases still held (issue #14 item 5), and the device's next heartbeat
+reclaims it and records its usage."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import redis
 
-from farm import metrics
+from farm import keys, metrics
 from farm.alloc import scripts
 from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
 from farm.settings import Settings
@@ -75,4 +76,30 @@ def test_a_vanished_holders_expired_leases_leave_every_view_without_a_grant(
     assert _views(redis_url, allocator) == dict.fromkeys(
         ("devices()", "farm gpus", "metrics"), (0, 0, 0)
     )
+    conn.close()
+
+
+def test_a_dead_holders_lease_is_reclaimed_by_the_next_heartbeat(
+    redis_url: str, rconn: redis.Redis
+) -> None:
+    """A holder that dies after the farm's last grant: nobody acquires and nobody reads, but
+    the device's agent beats, and its beat reclaims the lease and records its usage."""
+    conn = redis.Redis.from_url(redis_url)
+    allocator = SlotAllocator(conn, ttl_s=60)
+    allocator.register("agent-beat", "host-beat", [DEVICE], ttl_s=3600)
+    request = Request("render", vram_mib=10, render_slots=1, device_ids=(DEVICE.id,))
+    lease = SlotAllocator(conn, ttl_s=1).acquire("worker-dead", request)  # never renewed
+
+    def redis_ms() -> int:
+        seconds, micros = rconn.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    until(lambda: redis_ms() > lease.expires_ms, 30, "the lease's expiry passing")
+    assert rconn.zscore(keys.LEASE_EXPIRY, lease.id) is not None  # (nothing reclaimed it yet)
+    allocator.register("agent-beat", "host-beat", [DEVICE], ttl_s=3600)
+    assert rconn.zscore(keys.LEASE_EXPIRY, lease.id) is None
+    assert not rconn.exists(keys.lease(lease.id))
+    assert rconn.hget(keys.device(DEVICE.id), "used_slots") == "0"
+    recorded = [fields or {} for _id, fields in rconn.xrange(keys.usage("unassigned")) or []]
+    assert [(f["lease"], f["why"]) for f in recorded] == [(lease.id, "expired")]
     conn.close()
