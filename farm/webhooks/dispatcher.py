@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from farm import keys, metrics
+from farm import keys, metrics, redisclock
 from farm.errors import FarmError, NotFound, QueueError
 from farm.models import JobSpec, WebhookEvent, WebhookJob
 from farm.redisclient import Redis, guard
@@ -165,12 +165,15 @@ class Dispatcher:
         settings: Settings,
         conn: Redis,
         name: str = "",
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.settings = settings
         self.conn = conn
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.clock = clock
+        #: Redis's clock (farm.redisclock), never waiting on Redis (it is read on the event
+        #: loop too): due times outlive a lease take-over by another web replica, events and
+        #: hooks are stamped with it, and a signature's timestamp is as good on it as on any
+        self.clock = clock or redisclock.clock_for(conn).nowait
         self.hooks = Hooks(conn)
         self.leader = False
         self._group_ready = False

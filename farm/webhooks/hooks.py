@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from farm import keys
+from farm import keys, redisclock
 from farm.errors import BadParameter, Conflict, NotFound
 from farm.redisclient import Redis, guard
 from farm.webhooks import addresses, signing
@@ -138,7 +137,8 @@ class Hooks:
             url=url,
             events=events,
             secret=signing.new_secret(),
-            created_s=time.time(),
+            # Redis's clock, as the job events it is matched against (farm.redisclock)
+            created_s=redisclock.now(self.conn),
             created_by=user,
         )
         made = guard(
@@ -184,14 +184,14 @@ class Hooks:
     def rotate(self, project: str, hook_id: str, grace_s: float) -> Hook:
         """A new secret (the caller shows it once); the current one keeps signing deliveries,
         beside the new one, for ``grace_s``, while receivers move to the new one."""
-        now = time.time()
+        now = redisclock.now(self.conn)  # the dispatcher's clock (any web replica's)
         return self._change(project, hook_id, lambda h: replace(
             h, secret=signing.new_secret(), previous_secret=h.secret,
             previous_until_s=now + grace_s, rotated_s=now))  # fmt: skip
 
     def disable(self, project: str, hook_id: str, reason: str) -> Hook:
         """No more deliveries for the hook (those pending are dropped) until it is enabled."""
-        now = time.time()
+        now = redisclock.now(self.conn)
         return self._change(project, hook_id, lambda h: h if h.disabled_s is not None else
                             replace(h, disabled_s=now, disabled_reason=reason))  # fmt: skip
 

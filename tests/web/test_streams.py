@@ -261,3 +261,30 @@ async def test_stream_tokens_hold_between_hosts_whose_clocks_differ(
             got = await client.get("/api/streams/apps", headers=bearer(tokens.alice))
         assert got.status == 200, await got.text()
         assert "testpattern" in {a["name"] for a in (await got.json())["apps"]}
+
+
+async def test_a_stream_service_whose_clock_runs_behind_stays_listed(
+    web_settings: Settings, tokens: Tokens, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream service registers itself alive until a deadline the web checks: on Redis's
+    clock, a service host 10 minutes behind stays listed. On its own clock its registration
+    had expired as it was written, and the web said no stream service was running (503)."""
+    from encoder.app import serving
+
+    real_time = time.time
+
+    def behind() -> float:
+        return real_time() - 600
+
+    web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
+    stream_settings = web_settings.with_(device="cpu", stream_port=0, cpu_encode_sessions=2)
+    async with serving(stream_settings) as service, api(web_settings) as client:
+        assert service.conn is not None
+        clock = redisclock.clock_for(service.conn)
+        clock.local = behind
+        clock.sync()  # as that host would have read the server's clock from the start
+        with monkeypatch.context() as host:  # the service's heartbeat, on that host
+            host.setattr(time, "time", behind)
+            await asyncio.to_thread(service._register)
+        got = await client.get("/api/streams/apps", headers=bearer(tokens.alice))
+        assert got.status == 200, await got.text()

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from farm import jobstore, keys, metrics
+from farm import jobstore, keys, metrics, redisclock
 from farm.accounts import Accounts
 from farm.errors import BadParameter
 from farm.models import TileTask
@@ -276,6 +276,45 @@ async def test_two_web_processes_send_each_event_once_and_none_without_a_hook(
         await asyncio.gather(*runs)
         for c in conns:
             c.close()
+        await receiver.stop()
+
+
+async def test_a_hook_made_on_a_web_whose_clock_runs_ahead_gets_the_next_jobs_events(
+    web_settings: Settings,
+    store: jobstore.JobStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hook gets the events after its creation: both times on Redis's clock
+    (farm.redisclock). Made on a web replica whose clock runs a minute ahead, it gets the job
+    that runs right after; on that host's own clock the job's events were older than the hook
+    and none was sent."""
+    settings = fast(web_settings)
+    receiver = await Receiver().start()
+    real_time = time.time
+
+    def ahead() -> float:
+        return real_time() + 60
+
+    ahead_conn = jobstore.connect(settings.redis_url)
+    clock = redisclock.clock_for(ahead_conn)
+    clock.local = ahead
+    with monkeypatch.context() as host:  # the web replica that makes the hook
+        host.setattr(time, "time", ahead)
+        hook = add_hook(jobstore.JobStore(ahead_conn), receiver.url)
+    receiver.secret = hook.secret
+    run_job(store, make_job(settings, "A", tmp_path / "a"))
+    stop = asyncio.Event()
+    conn = jobstore.connect(settings.redis_url)
+    running = asyncio.create_task(Dispatcher(settings, conn).run(stop))
+    try:
+        await eventually(lambda: len(receiver.received) >= 4, 10, "four deliveries")
+        assert [r.event for r in receiver.received] == ALL
+    finally:
+        stop.set()
+        await running
+        conn.close()
+        ahead_conn.close()
         await receiver.stop()
 
 
