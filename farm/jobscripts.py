@@ -510,30 +510,34 @@ if holder and holder ~= ARGV[1] then return {'follower'} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 local now, limit = tonumber(ARGV[2]), tonumber(ARGV[4])
 local out = {'leader'}
-local function split(member)
-  local sep = string.find(member, '|', 1, true)
-  return string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
+local function split(text, sep)
+  local at = string.find(text, sep, 1, true)
+  return string.sub(text, 1, at - 1), string.sub(text, at + 1)
 end
 local function attempts_of(jk)
   local spec = cjson.decode(redis.call('HGET', jk, 'spec') or '{}')
   return tonumber(spec['max_attempts'] or 3)
 end
+-- queued again under ``attempt`` (a fresh rq task the worker pushes, confirmed by REQUEUED)
+local function requeue(member, jid, evk, frame, index, attempt, why)
+  redis.call('ZADD', REQUEUED, now, member)
+  tile_event(evk, jid, ARGV[2], 'queued', frame, index, attempt, why)
+  for _, v in ipairs({'t', jid, frame, index, tostring(attempt)}) do table.insert(out, v) end
+end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' .. now,
                                    'LIMIT', 0, limit)) do
   redis.call('ZREM', TILE_DEADLINES, member)
-  local jid, name = split(member)
+  local jid, name = split(member, '|')
+  local frame, index = split(name, ':')
   local jk = keys.job(jid)
   local tk, evk = keys.tiles(jid), keys.events(jid)
   local st = redis.call('HGET', jk, 'state')
-  local deadline = tonumber(redis.call('HGET', tk, name .. ':d') or '0')
   local tile_st, taken = redis.call('HGET', tk, name), redis.call('HGET', tk, name .. ':t')
   if taken and tile_st == 'queued' and redis.call('HGET', tk, name .. ':a') == taken
      and (st == 'queued' or st == 'running' or st == 'suspended') then
     -- taken from the queue by a worker that never started it (it died in between): queued
-    -- again under the next attempt (a fresh rq task), no failure counted; a suspended job's
-    -- is held back for its resume, as START_TILE holds one
-    local sep = string.find(name, ':', 1, true)
-    local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
+    -- again under the next attempt, no failure counted; a suspended job's is held back for
+    -- its resume, as START_TILE holds one
     local next_attempt = tonumber(taken) + 1
     redis.call('HDEL', tk, name .. ':t')
     redis.call('HSET', tk, name .. ':a', next_attempt)
@@ -542,19 +546,14 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
       tile_event(evk, jid, ARGV[2], 'queued', frame, index, next_attempt,
                  'held: the job is suspended')
     else
-      redis.call('ZADD', REQUEUED, now, member)
-      tile_event(evk, jid, ARGV[2], 'queued', frame, index, next_attempt,
-                 'the worker that took it stopped before starting it')
-      for _, v in ipairs({'t', jid, frame, index, tostring(next_attempt)}) do
-        table.insert(out, v)
-      end
+      requeue(member, jid, evk, frame, index, next_attempt,
+              'the worker that took it stopped before starting it')
     end
   elseif st and not FINAL[st] and tile_st == 'rendering' then
+    local deadline = tonumber(redis.call('HGET', tk, name .. ':d') or '0')
     if deadline >= now then
       redis.call('ZADD', TILE_DEADLINES, deadline, member)
     else
-      local sep = string.find(name, ':', 1, true)
-      local frame, index = string.sub(name, 1, sep - 1), string.sub(name, sep + 1)
       local attempt = tonumber(redis.call('HGET', tk, name .. ':a'))
       local failures = redis.call('HINCRBY', tk, name .. ':f', 1)
       redis.call('HINCRBY', jk, 'tile_failures', 1)
@@ -563,11 +562,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
       if failures < attempts_of(jk) then
         tile_move(tk, name, 'queued')
         redis.call('HSET', tk, name .. ':a', attempt + 1)
-        redis.call('ZADD', REQUEUED, now, member)
-        tile_event(evk, jid, ARGV[2], 'queued', frame, index, attempt + 1, why)
-        for _, v in ipairs({'t', jid, frame, index, tostring(attempt + 1)}) do
-          table.insert(out, v)
-        end
+        requeue(member, jid, evk, frame, index, attempt + 1, why)
       else
         tile_move(tk, name, 'failed')
         tile_event(evk, jid, ARGV[2], 'failed', frame, index, attempt, why)
@@ -580,7 +575,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', TILE_DEADLINES, '-inf', '(' 
 end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', FRAME_DEADLINES, '-inf', '(' .. now,
                                    'LIMIT', 0, limit)) do
-  local jid, frame = split(member)
+  local jid, frame = split(member, '|')
   local jk = keys.job(jid)
   local ak = keys.assembling(jid)
   local st = redis.call('HGET', jk, 'state')
@@ -599,13 +594,12 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', FRAME_DEADLINES, '-inf', '('
 end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', REQUEUED, '-inf',
                                    '(' .. (now - tonumber(ARGV[6])), 'LIMIT', 0, limit)) do
-  local jid, name = split(member)
+  local jid, name = split(member, '|')
   local tk = keys.tiles(jid)
   local st = redis.call('HGET', keys.job(jid), 'state')
   if st and not FINAL[st] and redis.call('HGET', tk, name) == 'queued' then
-    local sep = string.find(name, ':', 1, true)
-    for _, v in ipairs({'p', jid, string.sub(name, 1, sep - 1), string.sub(name, sep + 1),
-                        redis.call('HGET', tk, name .. ':a')}) do
+    local frame, index = split(name, ':')
+    for _, v in ipairs({'p', jid, frame, index, redis.call('HGET', tk, name .. ':a')}) do
       table.insert(out, v)
     end
   else

@@ -452,17 +452,17 @@ class _BandedQueue(Queue):
             if job_id == _WAKE_ID:
                 connection.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
                 continue
-            if blocking_take and connection.sismember(blocked_key, _job_of(job_id)):
-                # the blocking take found a tile of a job this worker is blocklisted for (the
-                # pick passes them over itself): it goes back to the front, untouched (no
-                # attempt is counted)
-                pipe = connection.pipeline()
-                pipe.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
-                pipe.lpush(queue_key, job_id)
-                pipe.execute()
-                continue
             if blocking_take and job_id.startswith("tile-"):
-                mark(args=[job_id, me.slot_lease_s])  # the pick marks its own take
+                # what the pick does itself: pass over a tile of a job this worker is
+                # blocklisted for (back to the front, untouched, no attempt counted), and
+                # mark the take
+                if connection.sismember(blocked_key, _job_of(job_id)):
+                    pipe = connection.pipeline()
+                    pipe.lrem(IntermediateQueue.get_intermediate_queue_key(queue_key), 1, job_id)
+                    pipe.lpush(queue_key, job_id)
+                    pipe.execute()
+                    continue
+                mark(args=[job_id, me.slot_lease_s])
             fetched = cls._fetch_dequeued_job(
                 connection, queue_key, job_id, job_class=job_class, serializer=serializer,
                 death_penalty_class=death_penalty_class,
