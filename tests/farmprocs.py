@@ -10,12 +10,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from farm import jobstore, queue, submission
 from farm.accept import accept
 from farm.models import Event
 from farm.settings import Settings
 from farm.storage.local import LocalStorage
+from workers.child import BlenderChild
 
 
 def descendants(pid: int) -> list[int]:
@@ -82,7 +84,7 @@ class WorkerProcess:
     def child_logged(self, text: str) -> bool:
         """Whether one of this worker's Blender children has logged ``text`` (their logs sit
         beside its scratch folder, BlenderChild.log_dir): what the child itself is doing."""
-        logs = self.settings.work_dir.glob(f"{self.name}-logs/*.log")
+        logs = BlenderChild.for_settings(self.settings, self.name).log_dir.glob("*.log")
         return any(text in p.read_text(errors="replace") for p in logs)
 
     def stop(self) -> None:
@@ -142,6 +144,12 @@ def until(pred: Callable[[], object], timeout_s: float = 30, what: str = "condit
             return
         time.sleep(0.05)
     raise AssertionError(f"{what} did not hold within {timeout_s} s")
+
+
+def blocked_on_a_queue(conn: Any) -> bool:
+    """Whether a client of ``conn``'s server waits in a blocking take (an idle worker's BLMOVE
+    on its empty queue): what a test waits for before it queues what that worker gets."""
+    return any(c.get("cmd") == "blmove" for c in conn.client_list())
 
 
 async def eventually(pred: Callable[[], object], timeout_s: float, what: str) -> None:

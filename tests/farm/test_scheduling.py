@@ -22,7 +22,7 @@ from farm.queue import Picker, RenderQueue, _BandedQueue
 from farm.settings import Settings
 from farm.states import JobState
 from farm.tags import tag_limits
-from tests.farmprocs import until
+from tests.farmprocs import blocked_on_a_queue, until
 from tests.web.conftest import SHA, scene_report
 
 
@@ -209,14 +209,11 @@ def test_a_blocklisted_worker_waiting_on_an_empty_queue_puts_back_the_jobs_tile_
         stats = store.conn.info("commandstats").get("cmdstat_evalsha", {})
         return int(stats.get("calls", 0))
 
-    def blocking() -> bool:
-        return any(c.get("cmd") == "blmove" for c in store.conn.client_list())
-
     with ThreadPoolExecutor(1) as pool:
         taking = pool.submit(
             cls.dequeue_any, [cls(queue.queue.name, connection=queue.conn)], 10, queue.conn
         )
-        until(blocking, 5, "the worker blocking on its empty queue")
+        until(lambda: blocked_on_a_queue(store.conn), 5, "the worker blocking on its queue")
         before = picks()
         queue.conn.lpush(queue.queue.key, bad_tile)  # e.g. requeued by the sweep
         # the blocking take got it and put it back, and the worker picks again

@@ -21,6 +21,7 @@ from farm.models import BlendSource, JobSpec, TileTask
 from farm.settings import Settings
 from farm.storage.local import LocalStorage
 from farm.submission import submit
+from tests.farmprocs import blocked_on_a_queue, until
 from workers.child import BlenderChild
 from workers.tasks import WorkerContext
 
@@ -145,7 +146,7 @@ def test_a_tile_taken_by_a_worker_that_died_before_starting_it_is_queued_again(
     # the blocking take: the queue is empty until another job's tiles come
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(taker_class.dequeue_any, [taker], 5, connection=ctx.queue.conn)
-        time.sleep(0.5)
+        until(lambda: blocked_on_a_queue(rconn), 5, "the worker blocking on its empty queue")
         other = _job(ctx)
         got = waiting.result(10)
     assert got is not None and got[0].id == TileTask(other, 1, 0, 1).rq_id
