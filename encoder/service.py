@@ -155,8 +155,12 @@ class StreamService:
 
     # --- registration ----------------------------------------------------------------------
 
-    def registration(self) -> dict[str, Any]:
+    def registration(self, now: float | None = None) -> dict[str, Any]:
+        """What the web finds of this service, alive until ``now`` plus its agent's timeout, on
+        Redis's clock, which the web reads it with (farm.redisclock); without ``now`` (the
+        service's own route, on its event loop) the clock is read without waiting on Redis."""
         device = self.device
+        now = redisclock.now_nowait(self._redis()) if now is None else now
         return {
             "url": self.url,
             "device_id": device.id,
@@ -167,14 +171,11 @@ class StreamService:
             "started": self.started,
             "encoder_sessions": device.encoder_sessions,
             "encode_mpx_s": round(self.encode_mpx_s, 1),
-            # on Redis's clock, which the web reads it with (farm.redisclock); never waiting
-            # on Redis: the service's own route serves this from its event loop
-            "alive_until": redisclock.now_nowait(self._redis()) + self.settings.agent_timeout_s,
+            "alive_until": now + self.settings.agent_timeout_s,
         }
 
     def _register(self) -> None:
-        redisclock.now(self._redis())  # (on a thread) the clock read before its first use
-        entry = json.dumps(self.registration())
+        entry = json.dumps(self.registration(redisclock.now(self._redis())))  # (on a thread)
         guard(self._redis().hset, keys.STREAM_SERVICES, self.device.id, entry)
         self._workers_entry()
 

@@ -2,11 +2,12 @@
 
 A deadline written by one host is judged by another: a worker's tile lease by the sweeper on
 another machine, a tag slot's lease by the next worker's pick (which reads Redis's own
-``TIME``), a worker's beat by the web. With each host's own clock, a worker whose clock ran 20 s
-behind wrote tile deadlines already past for a sweeper with the right time, and every tile it
-started was taken back from it. So every such time is Redis's: each process learns how far its
-own clock is from the server's (one ``TIME``, its round trip halved) and adds that, learning it
-again every ``REFRESH_S`` (the local clock slews; a failover brings another server's clock).
+``TIME``), a worker's beat by the web. With each host's own clock, a worker whose clock ran more
+than a lease behind wrote tile deadlines already past for a sweeper with the right time, and
+every tile it started was taken back from it (tests/farm/test_redis_clock.py). So every such
+time is Redis's: each process learns how far its own clock is from the server's (one ``TIME``,
+its round trip halved) and adds that, learning it again every ``REFRESH_S`` (the local clock
+slews; a failover brings another server's clock).
 The allocator's scripts and the queue's pick read ``TIME`` inside Redis, so they agree.
 """
 
