@@ -26,6 +26,7 @@ from farm.redisclient import Redis
 from farm.settings import Settings
 from farm.states import TileState
 from farm.submission import submit
+from tests.clocks import host_clock, off_by, process_clock
 from web import streams
 
 #: how far behind the wrong host's clock runs: past every lease of these tests
@@ -33,20 +34,12 @@ BEHIND_S = 60.0
 LEASE_S = 5.0
 
 
-#: this machine's clock, which the tests below set back for the host behind
-_TIME = time.time
+_behind = off_by(-BEHIND_S)
 
 
-def _behind() -> float:
-    return _TIME() - BEHIND_S
-
-
-@contextlib.contextmanager
-def host_behind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def host_behind(monkeypatch: pytest.MonkeyPatch) -> contextlib.AbstractContextManager[None]:
     """Inside, this process's clock runs BEHIND_S behind: what a host with that clock does."""
-    with monkeypatch.context() as patch:
-        patch.setattr(time, "time", _behind)
-        yield
+    return process_clock(monkeypatch, _behind)
 
 
 def _server_time(conn: redis.Redis) -> float:
@@ -66,7 +59,7 @@ def conn(redis_url: str) -> Iterator[Redis]:
 def behind(redis_url: str) -> Iterator[Redis]:
     """A client of a host whose clock runs BEHIND_S behind: its own pool, so its own clock."""
     client = jobstore.connect(redis_url)
-    redisclock.clock_for(client).local = _behind
+    host_clock(client, _behind)
     yield client
     client.close()
 
@@ -176,9 +169,8 @@ def test_a_web_session_made_on_a_host_behind_is_listed_on_another(
     conn: Redis, behind: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a web replica behind by more than the session's life makes it; another lists it
-    redisclock.clock_for(behind).local = lambda: _TIME() - 600
-    with monkeypatch.context() as host:
-        host.setattr(time, "time", lambda: _TIME() - 600)
+    host_clock(behind, off_by(-600.0))
+    with process_clock(monkeypatch, off_by(-600.0)):
         Accounts(behind).create_session("alice", ttl_s=300)
     assert [s["user"] for s in Accounts(conn).sessions("alice")] == ["alice"]
 

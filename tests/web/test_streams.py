@@ -9,9 +9,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from farm import jobstore, redisclock
+from farm import jobstore
 from farm.accounts import Accounts
 from farm.settings import Settings
+from tests.clocks import host_clock, off_by, process_clock
 from tests.encoder.tokens import STREAM_SECRET
 from tests.web.conftest import Tokens, api, bearer
 from web.appkeys import CONN
@@ -240,24 +241,16 @@ async def test_stream_tokens_hold_between_hosts_whose_clocks_differ(
     reaches the service; on the hosts' own clocks every token had expired for it (401)."""
     from encoder.app import serving
 
-    skew_s = -600.0 if skewed == "web" else 600.0
-    real_time = time.time
-
-    def wrong() -> float:
-        return real_time() + skew_s
-
+    wrong = off_by(-600.0 if skewed == "web" else 600.0)
     web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
     stream_settings = web_settings.with_(device="cpu", stream_port=0, cpu_encode_sessions=2)
     async with serving(stream_settings) as service, api(web_settings) as client:
         wrong_conn = client.app[CONN] if skewed == "web" else service.conn
         assert wrong_conn is not None
-        clock = redisclock.clock_for(wrong_conn)
-        clock.local = wrong
-        clock.sync()  # as that host would have read the server's clock from the start
+        host_clock(wrong_conn, wrong)
         # this process's clock while the call goes through: the wrong host's (the other
         # side's farm.redisclock keeps the right one)
-        with monkeypatch.context() as host:
-            host.setattr(time, "time", wrong)
+        with process_clock(monkeypatch, wrong):
             got = await client.get("/api/streams/apps", headers=bearer(tokens.alice))
         assert got.status == 200, await got.text()
         assert "testpattern" in {a["name"] for a in (await got.json())["apps"]}
@@ -271,20 +264,13 @@ async def test_a_stream_service_whose_clock_runs_behind_stays_listed(
     had expired as it was written, and the web said no stream service was running (503)."""
     from encoder.app import serving
 
-    real_time = time.time
-
-    def behind() -> float:
-        return real_time() - 600
-
+    behind = off_by(-600.0)
     web_settings = web_settings.with_(stream_secret=STREAM_SECRET)
     stream_settings = web_settings.with_(device="cpu", stream_port=0, cpu_encode_sessions=2)
     async with serving(stream_settings) as service, api(web_settings) as client:
         assert service.conn is not None
-        clock = redisclock.clock_for(service.conn)
-        clock.local = behind
-        clock.sync()  # as that host would have read the server's clock from the start
-        with monkeypatch.context() as host:  # the service's heartbeat, on that host
-            host.setattr(time, "time", behind)
+        host_clock(service.conn, behind)
+        with process_clock(monkeypatch, behind):  # the service's heartbeat, on that host
             await asyncio.to_thread(service._register)
         got = await client.get("/api/streams/apps", headers=bearer(tokens.alice))
         assert got.status == 200, await got.text()

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from farm import jobstore, keys, metrics, redisclock
+from farm import jobstore, keys, metrics
 from farm.accounts import Accounts
 from farm.errors import BadParameter
 from farm.models import TileTask
@@ -25,6 +25,7 @@ from farm.states import JobState
 from farm.webhooks import addresses, hooks, signing
 from farm.webhooks.dispatcher import CONSUMER, GROUP, Dispatcher, backoff_s
 from tests.blendscenes import make_scene
+from tests.clocks import host_clock, off_by, process_clock
 from tests.conftest import REPO
 from tests.farmprocs import WorkerProcess, eventually, submit
 from tests.web.conftest import Tokens, api, bearer, make_job, wait_for_worker
@@ -291,16 +292,10 @@ async def test_a_hook_made_on_a_web_whose_clock_runs_ahead_gets_the_next_jobs_ev
     and none was sent."""
     settings = fast(web_settings)
     receiver = await Receiver().start()
-    real_time = time.time
-
-    def ahead() -> float:
-        return real_time() + 60
-
+    ahead = off_by(60.0)
     ahead_conn = jobstore.connect(settings.redis_url)
-    clock = redisclock.clock_for(ahead_conn)
-    clock.local = ahead
-    with monkeypatch.context() as host:  # the web replica that makes the hook
-        host.setattr(time, "time", ahead)
+    host_clock(ahead_conn, ahead)
+    with process_clock(monkeypatch, ahead):  # the web replica that makes the hook
         hook = add_hook(jobstore.JobStore(ahead_conn), receiver.url)
     receiver.secret = hook.secret
     run_job(store, make_job(settings, "A", tmp_path / "a"))
