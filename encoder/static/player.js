@@ -479,7 +479,7 @@ async function joinWs(sid, role) {
         if (times !== undefined) {
           decodeSum += performance.now() - times.decoding;
           heldMs = times.decoding - times.arrived;
-          latency.arrivedAt = times.arrived;
+          latencyArrived(frame.timestamp, times.arrived);
         }
         frames++;
         st.frames_decoded++;
@@ -1217,12 +1217,34 @@ function setHold(soundMs, pictureMs) {
 // to the frame's display, from requestVideoFrameCallback): median over the last BROWSER_FRAMES
 // frames (a second at 30 fps).
 const BROWSER_FRAMES = 30;
-// arrivedAt: over the WebSocket, when the newest decoded frame's message arrived (the video
-// frame callback's receiveTime is WebRTC's only)
-const latency = { on: false, browserMs: [], arrivedAt: null };
+// arrivals: over the WebSocket, when each of the newest decoded frames' message arrived and
+// when it went to the video (the video frame callback's receiveTime is WebRTC's only). A
+// frame's callback may run after the next frame was decoded, so it finds its own arrival by
+// its timestamp (the callback's mediaTime, from a track generator); where the video has no
+// such times (a canvas), by the newest frame that went to the video before its presentation.
+const ARRIVALS_KEPT = 64;
+const latency = { on: false, browserMs: [], arrivals: [] };
+
+// the WebSocket frame with this timestamp (µs) arrived at this time (performance.now(), ms)
+function latencyArrived(timestampUs, arrived) {
+  latency.arrivals.push({ timestampUs, arrived, sunk: performance.now() });
+  if (latency.arrivals.length > ARRIVALS_KEPT) latency.arrivals.shift();
+}
+
+function arrivalOf(meta) {
+  const found = latency.arrivals;
+  const us = meta.mediaTime * 1e6;
+  for (let i = found.length - 1; i >= 0; i--) {
+    if (Math.abs(found[i].timestampUs - us) < 500) return found[i].arrived;
+  }
+  for (let i = found.length - 1; i >= 0; i--) {
+    if (found[i].sunk <= meta.presentationTime) return found[i].arrived;
+  }
+  return null;
+}
 
 function latencyFrame(now, meta) {
-  const received = meta.receiveTime !== undefined ? meta.receiveTime : latency.arrivedAt;
+  const received = meta.receiveTime !== undefined ? meta.receiveTime : arrivalOf(meta);
   if (received !== null && meta.expectedDisplayTime !== undefined) {
     latency.browserMs.push(meta.expectedDisplayTime - received);
     if (latency.browserMs.length > BROWSER_FRAMES) latency.browserMs.shift();
