@@ -20,6 +20,7 @@ from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import DequeueTimeout, StopRequested
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
+from rq.results import Result
 from rq.utils import as_text, now
 from rq.worker import WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
@@ -45,6 +46,12 @@ MAINTENANCE_INTERVAL_S = 10
 WORKER_TTL_S = 35
 #: how often a worker an operator disabled asks whether it may take work again
 HOLD_POLL_S = 0.5
+#: a worker's beat is skipped where the one before already keeps its registration alive to within
+#: this many seconds of what the new one would (rq beats three times around every task)
+BEAT_COALESCE_S = 1.0
+#: how often a worker asks whether rq's workers are suspended (``rq suspend``; rq asks before
+#: every take)
+SUSPENSION_CHECK_S = 1.0
 #: how long the pub/sub thread (rq's commands to a worker: stop a job, shut down) waits for a
 #: message at a time, so also how long a stopping worker waits for that thread
 PUBSUB_WAKE_S = 1.0
@@ -478,6 +485,29 @@ def _job_of(task_id: str) -> str:
     return task_id.removeprefix("tile-").rsplit("-", 3)[0]
 
 
+class _TaskJob(Job):
+    """rq's job, deleted after its success in the worker's own transaction.
+
+    The farm's tasks keep no result (``result_ttl=0``): rq then deletes a finished task with
+    ``Job.delete``, which first reads the task's status and, twice, its executions (seven round
+    trips, a third of a task's), to find what the worker already knows: the task ran once, in
+    the execution the worker cleans up in the same transaction. Here the task's keys go in that
+    transaction, with its execution index; anything else (a rate limit, a group, a delete
+    outside the success path) is rq's."""
+
+    def cleanup(
+        self, ttl: int | None = None, pipeline: Pipeline | None = None,
+        remove_from_queue: bool = True,
+    ) -> None:  # fmt: skip
+        rqs = ttl != 0 or remove_from_queue or self.has_rate_limit or bool(self.group_id)
+        if pipeline is None or rqs:
+            super().cleanup(ttl, pipeline, remove_from_queue)
+            return
+        result_key = Result.get_key(self.id)  # type: ignore[no-untyped-call]
+        others = (self.dependents_key, self.dependencies_key, self.execution_registry.key)
+        pipeline.delete(self.key, result_key, *others)
+
+
 class _FarmWorker(SimpleWorker):
     """rq's in-process worker (no fork per job: the Blender child must outlive each tile).
 
@@ -506,13 +536,29 @@ class _FarmWorker(SimpleWorker):
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """rq's heartbeat (the registration's date and two expiries) in one round trip, not
-        three: the worker beats twice around every take, a fifth of a tile's Redis calls."""
+        three, and none where the beat before left the registration's expiry within
+        BEAT_COALESCE_S of where this one would set it: rq beats three times around a task."""
+        ttl = timeout or self.worker_ttl + 60
+        until = time.monotonic() + ttl
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)
+            self._alive_until = until
+            return
+        if abs(until - getattr(self, "_alive_until", 0.0)) < BEAT_COALESCE_S:
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
             pipe.execute()
+        self._alive_until = until
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """rq's (``rq suspend`` holds the worker), asked at most every SUSPENSION_CHECK_S, not
+        before every take."""
+        at = time.monotonic()
+        if at - getattr(self, "_suspension_checked", -SUSPENSION_CHECK_S) < SUSPENSION_CHECK_S:
+            return
+        super().check_for_suspension(burst)
+        self._suspension_checked = time.monotonic()
 
     def subscribe(self) -> None:
         """rq's, with a pub/sub thread that wakes every PUBSUB_WAKE_S instead of 60 s.
@@ -550,6 +596,30 @@ class _FarmWorker(SimpleWorker):
                 raise StopRequested()  # out of an idle take now
 
 
+def build_worker(
+    conn: Redis,
+    device_class: str,
+    name: str,
+    picker: Picker | None = None,
+    worker_class: type[_FarmWorker] = _FarmWorker,
+    job_class: type[Job] = _TaskJob,
+) -> _FarmWorker:
+    """The worker ``run_worker`` runs (bench/rq_task.py builds one with rq's own bookkeeping
+    beside it)."""
+    # the queue class carries the worker's pick (its blocklist, tags and the tag limits)
+    queue_class = type("_WorkerQueue", (_BandedQueue,), {"picker": picker or Picker(name)})
+    return worker_class(
+        [queue_class(keys.render_queue(device_class), connection=conn)],
+        queue_class=queue_class,
+        name=name,
+        connection=conn,
+        maintenance_interval=MAINTENANCE_INTERVAL_S,
+        worker_ttl=WORKER_TTL_S,
+        job_class=job_class,
+        log_job_description=False,
+    )
+
+
 def run_worker(
     conn: Redis,
     device_class: str,
@@ -567,17 +637,7 @@ def run_worker(
     The first SIGINT/SIGTERM stops the worker taking work once the current task returns; every
     signal is also passed to ``on_signal``, which decides how long the current task may run.
     """
-    # the queue class carries the worker's pick (its blocklist, tags and the tag limits)
-    queue_class = type("_WorkerQueue", (_BandedQueue,), {"picker": picker or Picker(name)})
-    worker = _FarmWorker(
-        [queue_class(keys.render_queue(device_class), connection=conn)],
-        queue_class=queue_class,
-        name=name,
-        connection=conn,
-        maintenance_interval=MAINTENANCE_INTERVAL_S,
-        worker_ttl=WORKER_TTL_S,
-        log_job_description=False,
-    )
+    worker = build_worker(conn, device_class, name, picker)
     worker.on_signal = on_signal
     worker.may_take = may_take
     logging.getLogger("rq.worker").setLevel(log_level)
