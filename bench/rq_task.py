@@ -4,10 +4,13 @@ bookkeeping, paired, on one private redis-server.
 Both arms are the farm's worker (its dequeue, its pick script, its pipelined beat); the baseline
 (``rq``) keeps rq's own handling of what the farm trims (farm/queue.py): the delete of a
 finished task that first reads its status and its executions, a beat on every call rq makes,
-``rq suspend`` asked before every take. Each round runs a block of trivial tasks
-(``builtins.len``) through a burst worker of each arm, in alternating order; per task it
-measures the worker's round trips, the Redis commands and Redis CPU (``INFO``), and the wall
-time. A block counts only where every task ran (the queue empty, nothing failed).
+``rq suspend`` asked before every take, the worker's state written again when unchanged, the
+task's beat as it returns (for a callback the farm's tasks do not have), registry maintenance
+by every worker each interval (bench/scale.py shows what that costs a large farm; a block here
+is too short). Each round runs a block of trivial tasks (``builtins.len``) through a burst
+worker of each arm, in alternating order; per task it measures the worker's round trips, the
+Redis commands and Redis CPU (``INFO``), and the wall time. A block counts only where every
+task ran (the queue empty, nothing failed).
 
     python bench/rq_task.py [--rounds 8] [--tasks 300]
 """
@@ -42,8 +45,9 @@ FIGURES = ("round_trips", "commands", "redis_cpu_us", "wall_ms")
 
 
 class _RqBookkeeping(farmqueue._FarmWorker):
-    """The farm's worker with rq's bookkeeping: a (pipelined) beat on every call rq makes and
-    the suspension asked before every take; built with rq's Job (its delete)."""
+    """The farm's worker with rq's bookkeeping: a (pipelined) beat on every call rq makes, the
+    suspension asked before every take, every state written, the task's beat as it returns,
+    rq's maintenance lock; built with rq's Job (its delete)."""
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
@@ -55,6 +59,15 @@ class _RqBookkeeping(farmqueue._FarmWorker):
 
     def check_for_suspension(self, burst: bool) -> None:
         SimpleWorker.check_for_suspension(self, burst)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        SimpleWorker.set_state(self, state, pipeline)
+
+    def handle_execution_ended(self, job: Job, queue: Any, heartbeat_ttl: int) -> None:
+        SimpleWorker.handle_execution_ended(self, job, queue, heartbeat_ttl)
+
+    def clean_registries(self) -> None:
+        SimpleWorker.clean_registries(self)  # type: ignore[no-untyped-call]
 
 
 _sent: Counter[str] = Counter()

@@ -93,6 +93,12 @@ def render_queue(device_class: str) -> str:
     return f"{PREFIX}-render-{device_class}"
 
 
+def rq_maintenance(queues: str) -> str:
+    """String with a TTL: the worker that runs rq's registry maintenance of these queues (their
+    names, comma-separated) in this interval (one worker of the farm per interval, farm.queue)."""
+    return f"{PREFIX}:rq-maintenance:{queues}"
+
+
 def render_bands(device_class: str) -> str:
     """Sorted set: rq queue key of each non-empty priority band of a class -> its priority
     (the class's own queue is band 0 and is not listed)."""

@@ -6,19 +6,28 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 import redis.connection
-from rq import Queue
+from rq import Callback, Queue
 from rq.suspension import suspend
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from farm.queue import WORKER_TTL_S, RenderQueue, _FarmWorker, run_worker
+from farm import keys
+from farm.queue import (
+    MAINTENANCE_INTERVAL_S,
+    WORKER_TTL_S,
+    RenderQueue,
+    _FarmWorker,
+    build_worker,
+    run_worker,
+)
 
 TASKS = 40
 #: rq 3's own worker made 21 round trips per task of these (measured with the counter below)
-MOST_ROUND_TRIPS_PER_TASK = 12
+MOST_ROUND_TRIPS_PER_TASK = 10
 
 
 @pytest.fixture
@@ -88,9 +97,68 @@ def test_a_beat_is_skipped_only_where_the_registration_already_expires_about_the
     assert beat() == 1 and conn.ttl(worker.key) <= WORKER_TTL_S + 60
 
 
+def test_a_state_is_written_once_and_a_callbacks_beat_kept(
+    redis_url: str, round_trips: Counter[str]
+) -> None:
+    conn = redis.Redis.from_url(redis_url)
+    worker = _FarmWorker([Queue("states", connection=conn)], name="states", connection=conn)
+    me = threading.current_thread().name
+
+    def trips(step: Callable[[], object]) -> int:
+        before = round_trips[me]
+        step()
+        return round_trips[me] - before
+
+    assert trips(lambda: worker.set_state("busy")) == 1
+    assert trips(lambda: worker.set_state("busy")) == 0 and worker.get_state() == "busy"
+    assert trips(lambda: worker.set_state("idle")) == 1
+    assert conn.hget(worker.key, "state") == b"idle"
+    with conn.pipeline() as pipe:  # written by the caller's pipeline, or not at all
+        worker.set_state("busy", pipeline=pipe)
+    assert trips(lambda: worker.set_state("busy")) == 1
+    assert conn.hget(worker.key, "state") == b"busy"
+
+    # a task's beat as its function returns is rq's where a callback is to run (it gives the
+    # callback its time), and costs nothing where none is
+    queue = RenderQueue(conn, "cpu")
+    plain = queue.queue.enqueue_call("builtins.len", args=([1],), result_ttl=0)
+    called = queue.queue.enqueue_call("builtins.len", args=([1],), result_ttl=0,
+                                      on_success=Callback("builtins.print"))  # fmt: skip
+    assert trips(lambda: worker.handle_execution_ended(plain, queue.queue, 60)) == 0
+    assert trips(lambda: worker.handle_execution_ended(called, queue.queue, 60)) == 1
+
+
 def test_rq_suspend_still_holds_the_farms_worker(redis_url: str) -> None:
     queue = RenderQueue(redis.Redis.from_url(redis_url), "cpu")
     queue.queue.enqueue_call("builtins.len", args=([1],), result_ttl=0)
     suspend(queue.conn)
     run_worker(queue.conn, "cpu", "held", burst=True)  # a suspended burst worker stops at once
     assert queue.depth() == 1
+
+
+def test_rqs_registry_maintenance_runs_once_an_interval_for_the_whole_farm(
+    redis_url: str,
+) -> None:
+    """rq releases its maintenance lock when a cleaning ends, so every worker whose own
+    interval passed cleaned again, reading every worker's registration: here one worker of the
+    farm cleans per interval."""
+    conn = redis.Redis.from_url(redis_url)
+    a, b = (build_worker(conn, "cpu", name) for name in ("maint-a", "maint-b"))
+    queue_name = keys.render_queue("cpu")
+
+    def ghost() -> None:  # a registration whose worker is gone: a cleaning drops it
+        conn.sadd(WORKERS_BY_QUEUE_KEY % queue_name, "rq:worker:ghost")
+
+    def ghost_listed() -> bool:
+        return bool(conn.sismember(WORKERS_BY_QUEUE_KEY % queue_name, "rq:worker:ghost"))
+
+    ghost()
+    a.clean_registries()
+    assert not ghost_listed()
+    ghost()
+    b.clean_registries()  # the same interval: b leaves it to the next one
+    assert ghost_listed() and b.last_cleaned_at is not None
+    assert conn.ttl(keys.rq_maintenance(queue_name)) > MAINTENANCE_INTERVAL_S - 3
+    conn.delete(keys.rq_maintenance(queue_name))  # the interval ends
+    b.clean_registries()
+    assert not ghost_listed()
