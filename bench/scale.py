@@ -8,8 +8,10 @@ work are simulated:
 - **devices**: N GPUs over N/8 hosts, one class per host, cycling through every class of the
   fake NVML (``farm.gpu.fake.FAKE_MODELS``: memory, NVENC engines, consumer session caps); each
   host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.alloc.agent`` does.
-- **render workers**: one per device, no Blender: a worker dequeues a task (rq's own
-  ``dequeue_any`` and the started-registry bookkeeping of ``rq.Worker``), starts the tile,
+- **render workers**: one per device, no Blender: each is the farm's rq worker
+  (``farm.queue.build_worker``), driven through rq's own steps around a task (the take with
+  its beats and rq's registry maintenance every 10 s, the execution's records before the task,
+  the success's after it); the task's own work is the simulation's. A worker starts the tile,
   leases its device (a pinned request), "renders" for a time drawn from an exponential
   distribution (mean ``--tile-s``, at least 1 s) while renewing the lease and the tile every
   lease period / 3, commits the tile (fenced), releases the lease; a frame's last tile queues
@@ -50,16 +52,21 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import redis
-from rq import Queue
+import redis.connection
+import rq.worker.base
 from rq.job import Job
+from rq.queue import Queue
+from rq.worker import WorkerStatus
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.rq_task import _RqBookkeeping  # noqa: E402
 from farm import jobstore, queue  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
@@ -83,6 +90,24 @@ CLOCK_AHEAD_MS = 10**12
 MEASURED = ("acquire", "release", "renew", "commit", "dequeue")
 
 
+class _SimTask(queue._TaskJob):
+    """The farm's rq task; its function never runs (the simulation does its work)."""
+
+
+class _SimTaskRq(Job):
+    """rq's own task (``--rq rq``): deleted by rq after its success."""
+
+
+#: commands (or pipelines) sent to Redis while the figures record
+_round_trips = [0]
+_send = redis.connection.AbstractConnection.send_packed_command
+
+
+def _counted(self: Any, command: Any, check_health: bool = True) -> None:
+    _round_trips[0] += 1
+    _send(self, command, check_health)  # type: ignore[no-untyped-call]
+
+
 @dataclass
 class Figures:
     """Latencies (ns) per operation and the count of every Redis-bound call."""
@@ -98,6 +123,22 @@ class Figures:
             self.latency_ns[name].append(time.perf_counter_ns() - t0)
             self.calls[name] += 1
         return out
+
+
+def _rq_start(worker: queue._FarmWorker, job: Job) -> Any:
+    """SimpleWorker.execute_job and perform_job up to the task's function: its execution."""
+    execution = worker.prepare_execution(job)
+    worker.prepare_job_execution(job, remove_from_intermediate_queue=True)
+    job.started_at = rq.worker.base.now()  # type: ignore[attr-defined]
+    return execution
+
+
+def _rq_finish(worker: queue._FarmWorker, job: Job, q: Queue, execution: Any) -> None:
+    """The rest of perform_job once the task returned, of execute_job, and Worker.work's beat
+    after each task."""
+    worker._finalize_success(job, q, execution, None)
+    worker.set_state(WorkerStatus.IDLE)
+    worker.heartbeat()
 
 
 class Farm:
@@ -121,6 +162,16 @@ class Farm:
         self.devices = [d for _, _, offers in self.hosts for d in offers]
         self.specs: dict[str, JobSpec] = {}
         self.streams = 0
+        # each device's rq worker, and the execution and queue of the task it runs
+        self.workers: dict[str, queue._FarmWorker] = {}
+        self.running: dict[str, tuple[Any, Queue]] = {}
+
+        # rq's worker (and the farm's, its maintenance) reads the time from the virtual clock
+        def clock() -> datetime:
+            return datetime.fromtimestamp(self.now_ms / 1000, tz=UTC)
+
+        rq.worker.base.now = clock  # type: ignore[attr-defined]
+        queue.now = clock  # type: ignore[attr-defined]
 
     # --- the pool --------------------------------------------------------------------------
 
@@ -219,26 +270,35 @@ class Farm:
         end_ms = self.now_ms + int(duration * 1000)
         self._renew_tile(device, job, task, lease, end_ms)
 
+    def _worker(self, device_id: str) -> queue._FarmWorker:
+        worker = self.workers.get(device_id)
+        if worker is None:
+            if self.args.rq == "rq":
+                worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}", None,
+                                            _RqBookkeeping, _SimTaskRq)  # fmt: skip
+            else:
+                worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}",
+                                            job_class=_SimTask)  # fmt: skip
+            worker.register_birth()  # type: ignore[no-untyped-call]
+            self.workers[device_id] = worker
+        return worker
+
     def _dequeue(self, device_id: str) -> tuple[Job, tuple[Any, ...]] | None:
-        # what rq.Worker does around a task: the reliable pop into the intermediate queue, then
-        # the started registry and the intermediate queue in one pipeline
-        got = Queue.dequeue_any([self.queue.queue], None, connection=self.rq_conn)
+        # rq's Worker.work around a task: the take (with its beats, and rq's maintenance when
+        # due), then SimpleWorker.execute_job and perform_job up to the task's function
+        worker = self._worker(device_id)
+        got = worker.dequeue_job_and_maintain_ttl(None)
         if got is None:
             return None
         job, q = got
-        pipe = self.rq_conn.pipeline()
-        pipe.lrem(q.intermediate_queue_key, 1, job.id)
-        pipe.zadd(q.started_job_registry.key, {job.id: self.now_ms / 1000 + 3600})
-        pipe.hset(job.key, mapping={"status": "started", "worker_name": device_id})
-        pipe.execute()
+        self.running[device_id] = (self.fig.timed("rq_start", _rq_start, worker, job), q)
         return job, tuple(job.args)
 
     def _task_done(self, device: DeviceOffer, job: Job) -> None:
-        # rq.Worker after a task with result_ttl=0: out of the started registry, job deleted
-        pipe = self.rq_conn.pipeline()
-        pipe.zrem(self.queue.queue.started_job_registry.key, job.id)
-        pipe.delete(job.key)
-        self.fig.timed("rq_finish", pipe.execute)
+        # the rest of perform_job (the task returned), execute_job and the loop's beat
+        worker = self.workers[device.id]
+        execution, q = self.running.pop(device.id)
+        self.fig.timed("rq_finish", _rq_finish, worker, job, q, execution)
         self.at(0.0, lambda: self.worker_idle(device))
 
     def _renew_tile(
@@ -427,7 +487,9 @@ def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
                 probe.slowlog_reset()
             stats0 = command_usec(probe)
             cpu0, wall1 = redis_cpu_s(probe), time.monotonic()
+            trips0 = _round_trips[0]
             farm.run_until(farm.now_ms + int(measure_s * 1000))
+            trips = _round_trips[0] - trips0
             cpu1, wall2 = redis_cpu_s(probe), time.monotonic()
             stats1 = command_usec(probe)
             memory = int(probe.info("memory")["used_memory"])
@@ -453,6 +515,9 @@ def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
         "ops_per_s": round(ops / measure_s, 1),
         "redis_cpu_cores": round(cpu / measure_s, 4),
         "redis_cpu_us_per_op": round(cpu / max(1, ops) * 1e6, 2),
+        # client round trips (a command, a pipeline, a script) of every call in the window
+        "round_trips_per_s": round(trips / measure_s, 1),
+        "redis_cpu_us_per_round_trip": round(cpu / max(1, trips) * 1e6, 2),
         "redis_idle_cores": round(idle, 4),
         "redis_memory_mib": round(memory / 2**20, 1),
         "calls_per_s": {k: round(v / measure_s, 1) for k, v in sorted(fig.calls.items())},
@@ -487,6 +552,12 @@ def main() -> None:
     ap.add_argument("--priority-share", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument(
+        "--rq",
+        choices=("farm", "rq"),
+        default="farm",
+        help="the workers' rq bookkeeping: the farm's (farm.queue) or rq's own (bench/rq_task.py)",
+    )
+    ap.add_argument(
         "--redis-config",
         default="",
         help="CONFIG SET name=value,... on the server before the run (to compare settings)",
@@ -498,6 +569,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     counts = [int(n) for n in args.devices.split(",")]
+    redis.connection.AbstractConnection.send_packed_command = _counted  # type: ignore[method-assign]
     print(
         f"{os.cpu_count()} CPUs; lease TTL {LEASE_TTL_S:g} s, tiles {args.tile_s:g} s mean, "
         f"streams {args.stream_s:g} s mean ({args.streams_per_device:g}/device), "
