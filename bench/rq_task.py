@@ -1,13 +1,14 @@
 """What rq's bookkeeping costs per task: the farm's worker against the same worker with rq's own
 bookkeeping, paired, on one private redis-server.
 
-Both arms are the farm's worker (its dequeue, its pick script, its pipelined beat); the baseline
-(``rq``) keeps rq's own handling of what the farm trims (farm/queue.py): the delete of a
-finished task that first reads its status and its executions, a beat on every call rq makes,
-``rq suspend`` asked before every take, the worker's state written again when unchanged, the
-task's beat as it returns (for a callback the farm's tasks do not have), registry maintenance
-by every worker each interval (bench/scale.py shows what that costs a large farm; a block here
-is too short). Each round runs a block of trivial tasks (``builtins.len``) through a burst
+Both arms are the farm's worker (its pick script, its pipelined beat); the baseline (``rq``)
+keeps rq's own handling of what the farm trims (farm/queue.py): the fetch of a task's hash
+after the take (the farm's pick reads it with the take), the delete of a finished task that
+first reads its status and its executions, a beat on every call rq makes, ``rq suspend``
+asked before every take, the worker's state written again when unchanged, the task's beat as
+it returns (for a callback the farm's tasks do not have), registry maintenance by every
+worker each interval (bench/scale.py shows what that costs a large farm; a block here is too
+short). Each round runs a block of trivial tasks (``builtins.len``) through a burst
 worker of each arm, in alternating order; per task it measures the worker's round trips, the
 Redis commands and Redis CPU (``INFO``), and the wall time. A block counts only where every
 task ran (the queue empty, nothing failed).
@@ -70,6 +71,19 @@ class _RqBookkeeping(farmqueue._FarmWorker):
         SimpleWorker.clean_registries(self)  # type: ignore[no-untyped-call]
 
 
+class _RqFetch(farmqueue._BandedQueue):
+    """The farm's pick, followed by rq's fetch of the task's hash (its own round trip)."""
+
+    @classmethod
+    def _restore_picked(
+        cls, connection: Any, queue_key: str, job_id: str, fields: list[bytes],
+        job_class: Any, serializer: Any, death_penalty_class: Any,
+    ) -> Any:  # fmt: skip
+        return cls._fetch_dequeued_job(connection, queue_key, job_id, job_class=job_class,
+                                       serializer=serializer,
+                                       death_penalty_class=death_penalty_class)  # fmt: skip
+
+
 _sent: Counter[str] = Counter()
 _send = redis.connection.AbstractConnection.send_packed_command
 
@@ -95,7 +109,8 @@ def block(conn: redis.Redis, arm: str, tasks: int, n: int) -> dict[str, float] |
         queue.queue.enqueue_call("builtins.len", args=([0] * (i % 7),), result_ttl=0,
                                  job_id=f"{arm}-{n}-{i}")  # fmt: skip
     if arm == "rq":
-        worker = farmqueue.build_worker(conn, "cpu", f"w-{arm}-{n}", None, _RqBookkeeping, Job)
+        worker = farmqueue.build_worker(conn, "cpu", f"w-{arm}-{n}", None, _RqBookkeeping, Job,
+                                        _RqFetch)  # fmt: skip
     else:
         worker = farmqueue.build_worker(conn, "cpu", f"w-{arm}-{n}")
     me = threading.current_thread().name

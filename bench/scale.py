@@ -66,7 +66,7 @@ from rq.worker import WorkerStatus
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.rq_task import _RqBookkeeping  # noqa: E402
+from bench.rq_task import _RqBookkeeping, _RqFetch  # noqa: E402
 from farm import jobstore, queue  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
@@ -275,7 +275,7 @@ class Farm:
         if worker is None:
             if self.args.rq == "rq":
                 worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}", None,
-                                            _RqBookkeeping, _SimTaskRq)  # fmt: skip
+                                            _RqBookkeeping, _SimTaskRq, _RqFetch)  # fmt: skip
             else:
                 worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}",
                                             job_class=_SimTask)  # fmt: skip

@@ -21,7 +21,7 @@ from rq.exceptions import DequeueTimeout, StopRequested
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.results import Result
-from rq.utils import as_text, now
+from rq.utils import as_text, backend_class, now
 from rq.worker import WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
@@ -46,8 +46,8 @@ MAINTENANCE_INTERVAL_S = 10
 WORKER_TTL_S = 35
 #: how often a worker an operator disabled asks whether it may take work again
 HOLD_POLL_S = 0.5
-#: a worker's beat is skipped where the one before already keeps its registration alive to within
-#: this many seconds of what the new one would (rq beats three times around every task)
+#: a worker's beat is skipped where the one before left its registration's expiry within this
+#: many seconds of where the new one would set it (rq beats three times around every task)
 BEAT_COALESCE_S = 1.0
 #: how often a worker asks whether rq's workers are suspended (``rq suspend``; rq asks before
 #: every take)
@@ -321,8 +321,9 @@ return 1
 #: Tiles of jobs the worker is blocklisted for (KEYS[3]) are left where they are: the first
 #: ARGV[4] of a band are looked at for one of another job.
 #: KEYS: the class's own queue, the bands index, the worker's blocklisted jobs.
-#: ARGV: the worker's tags (comma-separated), the tag limits (JSON), slot lease (s), scan depth.
-#: Returns {queue key, task id} or nil.
+#: ARGV: the worker's tags (comma-separated), the tag limits (JSON), slot lease (s), scan depth,
+#: rq's prefix of a task's hash.
+#: Returns {queue key, task id, the task's hash (HGETALL: rq's fetch, in the same step)} or nil.
 _PICK = (
     keys.lua("tag_slots", "tiles", "TILE_DEADLINES")
     + _MARK_TAKEN
@@ -378,7 +379,7 @@ local function take(key)
   for _, t in ipairs(tags_of(key)) do
     if limits[t] then redis.call('ZADD', keys.tag_slots(t), now + tonumber(ARGV[3]), id) end
   end
-  return {key, id}
+  return {key, id, redis.call('HGETALL', ARGV[5] .. id)}
 end
 local head = redis.call('LINDEX', KEYS[1], 0)
 if head and string.sub(head, 1, 5) ~= 'tile-' then return take(KEYS[1]) end
@@ -437,7 +438,8 @@ class _BandedQueue(Queue):
         me = cls.picker
         blocked_key = keys.worker_blocked(me.worker)
         tags = ",".join(sorted(me.tags))
-        args: list[str | float] = [tags, json.dumps(me.limits), me.slot_lease_s, BLOCKED_SCAN_DEPTH]
+        args: list[str | float] = [tags, json.dumps(me.limits), me.slot_lease_s, BLOCKED_SCAN_DEPTH,
+                                   Job.redis_job_namespace_prefix]  # fmt: skip
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             blocking_take = False
@@ -470,12 +472,41 @@ class _BandedQueue(Queue):
                     pipe.execute()
                     continue
                 mark(args=[job_id, me.slot_lease_s])
-            fetched = cls._fetch_dequeued_job(
-                connection, queue_key, job_id, job_class=job_class, serializer=serializer,
-                death_penalty_class=death_penalty_class,
-            )  # fmt: skip
+            if blocking_take:
+                fetched = cls._fetch_dequeued_job(
+                    connection, queue_key, job_id, job_class=job_class, serializer=serializer,
+                    death_penalty_class=death_penalty_class,
+                )  # fmt: skip
+            else:
+                fetched = cls._restore_picked(
+                    connection, queue_key, job_id, got[2], job_class, serializer,
+                    death_penalty_class,
+                )  # fmt: skip
             if fetched is not None:
                 return fetched
+
+    @classmethod
+    def _restore_picked(
+        cls,
+        connection: Redis,
+        queue_key: str,
+        job_id: str,
+        fields: list[bytes],
+        job_class: Any,
+        serializer: Any,
+        death_penalty_class: Any,
+    ) -> tuple[Job, Queue] | None:
+        """rq's ``_fetch_dequeued_job`` from the hash the pick read with its take (one round
+        trip a task less): None where the task's hash is gone, as rq's."""
+        job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
+        queue = cls.from_queue_key(queue_key, connection=connection, job_class=job_cls,
+                                   serializer=serializer,
+                                   death_penalty_class=death_penalty_class)  # fmt: skip
+        if not fields:
+            return None
+        job = job_cls(job_id, connection=connection, serializer=serializer)
+        job.restore(dict(zip(fields[::2], fields[1::2], strict=True)))
+        return job, queue
 
 
 def _job_of(task_id: str) -> str:
@@ -637,11 +668,12 @@ def build_worker(
     picker: Picker | None = None,
     worker_class: type[_FarmWorker] = _FarmWorker,
     job_class: type[Job] = _TaskJob,
+    queue_base: type[_BandedQueue] = _BandedQueue,
 ) -> _FarmWorker:
     """The worker ``run_worker`` runs (bench/rq_task.py builds one with rq's own bookkeeping
     beside it)."""
     # the queue class carries the worker's pick (its blocklist, tags and the tag limits)
-    queue_class = type("_WorkerQueue", (_BandedQueue,), {"picker": picker or Picker(name)})
+    queue_class = type("_WorkerQueue", (queue_base,), {"picker": picker or Picker(name)})
     return worker_class(
         [queue_class(keys.render_queue(device_class), connection=conn)],
         queue_class=queue_class,
