@@ -550,6 +550,8 @@ class _FarmWorker(SimpleWorker):
     on_signal: Callable[[int], None] | None = None
     #: False while the worker must take no task (an operator disabled it): it waits, idle
     may_take: Callable[[], bool] | None = None
+    #: the clock of the beats' and the suspension check's spacing (seconds)
+    clock = staticmethod(time.monotonic)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -570,7 +572,7 @@ class _FarmWorker(SimpleWorker):
         three, and none where the beat before left the registration's expiry within
         BEAT_COALESCE_S of where this one would set it: rq beats three times around a task."""
         ttl = timeout or self.worker_ttl + 60
-        until = time.monotonic() + ttl
+        until = self.clock() + ttl
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)
             self._alive_until = until
@@ -619,11 +621,11 @@ class _FarmWorker(SimpleWorker):
     def check_for_suspension(self, burst: bool) -> None:
         """rq's (``rq suspend`` holds the worker), asked at most every SUSPENSION_CHECK_S, not
         before every take."""
-        at = time.monotonic()
+        at = self.clock()
         if at - getattr(self, "_suspension_checked", -SUSPENSION_CHECK_S) < SUSPENSION_CHECK_S:
             return
         super().check_for_suspension(burst)
-        self._suspension_checked = time.monotonic()
+        self._suspension_checked = self.clock()
 
     def subscribe(self) -> None:
         """rq's, with a pub/sub thread that wakes every PUBSUB_WAKE_S instead of 60 s.

@@ -92,6 +92,8 @@ def test_a_beat_is_skipped_only_where_the_registration_already_expires_about_the
                          worker_ttl=WORKER_TTL_S)  # fmt: skip
     worker.register_birth()  # type: ignore[no-untyped-call]
     me = threading.current_thread().name
+    clock = [1000.0]
+    worker.clock = lambda: clock[0]
 
     def beat(timeout: int | None = None) -> int:
         before = round_trips[me]
@@ -99,7 +101,10 @@ def test_a_beat_is_skipped_only_where_the_registration_already_expires_about_the
         return round_trips[me] - before
 
     assert beat() == 1 and conn.ttl(worker.key) > WORKER_TTL_S + 55
+    clock[0] += 0.5
     assert beat() == 0  # the same expiry, a moment later
+    clock[0] += 1.0
+    assert beat() == 1  # a second and a half later
     assert beat(300) == 1 and conn.ttl(worker.key) > 295  # later
     assert beat() == 1 and conn.ttl(worker.key) <= WORKER_TTL_S + 60  # earlier: rq's expiry
     with conn.pipeline() as pipe:  # in a caller's transaction: always written
