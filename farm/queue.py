@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import signal
 import time
@@ -552,6 +553,12 @@ class _FarmWorker(SimpleWorker):
     may_take: Callable[[], bool] | None = None
     #: the clock of the beats' and the suspension check's spacing (seconds)
     clock = staticmethod(time.monotonic)
+    #: when (``clock``) the registration's expiry, as the last beat set it, falls
+    _alive_until = -math.inf
+    #: the state this worker last wrote itself (None: unknown, a caller's pipeline wrote it)
+    _state_written: str | None = None
+    #: when (``clock``) it last asked whether rq's workers are suspended
+    _suspension_checked = -math.inf
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -577,7 +584,7 @@ class _FarmWorker(SimpleWorker):
             super().heartbeat(timeout, pipeline=pipeline)
             self._alive_until = until
             return
-        if abs(until - getattr(self, "_alive_until", 0.0)) < BEAT_COALESCE_S:
+        if abs(until - self._alive_until) < BEAT_COALESCE_S:
             return
         with self.connection.pipeline(transaction=False) as pipe:
             super().heartbeat(timeout, pipeline=pipe)
@@ -587,7 +594,7 @@ class _FarmWorker(SimpleWorker):
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """rq's, with no write where it last wrote that state itself (rq sets ``idle`` after a
         task and again before the next take)."""
-        if pipeline is None and state == getattr(self, "_state_written", None):
+        if pipeline is None and state == self._state_written:
             self._state = state
             return
         super().set_state(state, pipeline)
@@ -622,7 +629,7 @@ class _FarmWorker(SimpleWorker):
         """rq's (``rq suspend`` holds the worker), asked at most every SUSPENSION_CHECK_S, not
         before every take."""
         at = self.clock()
-        if at - getattr(self, "_suspension_checked", -SUSPENSION_CHECK_S) < SUSPENSION_CHECK_S:
+        if at - self._suspension_checked < SUSPENSION_CHECK_S:
             return
         super().check_for_suspension(burst)
         self._suspension_checked = self.clock()
