@@ -84,6 +84,8 @@ class _RqFetch(farmqueue._BandedQueue):
                                        death_penalty_class=death_penalty_class)  # fmt: skip
 
 
+#: commands (or pipelines) sent to Redis, by the sending thread's name, once ``_counted`` is
+#: installed as redis-py's send (here and in bench/scale.py)
 _sent: Counter[str] = Counter()
 _send = redis.connection.AbstractConnection.send_packed_command
 

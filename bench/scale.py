@@ -66,7 +66,7 @@ from rq.worker import WorkerStatus
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.rq_task import _RqBookkeeping, _RqFetch  # noqa: E402
+from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E402
 from farm import jobstore, queue  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
@@ -96,16 +96,6 @@ class _SimTask(queue._TaskJob):
 
 class _SimTaskRq(Job):
     """rq's own task (``--rq rq``): deleted by rq after its success."""
-
-
-#: commands (or pipelines) sent to Redis while the figures record
-_round_trips = [0]
-_send = redis.connection.AbstractConnection.send_packed_command
-
-
-def _counted(self: Any, command: Any, check_health: bool = True) -> None:
-    _round_trips[0] += 1
-    _send(self, command, check_health)  # type: ignore[no-untyped-call]
 
 
 @dataclass
@@ -487,9 +477,9 @@ def simulate(devices: int, args: argparse.Namespace) -> dict[str, Any]:
                 probe.slowlog_reset()
             stats0 = command_usec(probe)
             cpu0, wall1 = redis_cpu_s(probe), time.monotonic()
-            trips0 = _round_trips[0]
+            trips0 = sum(_sent.values())
             farm.run_until(farm.now_ms + int(measure_s * 1000))
-            trips = _round_trips[0] - trips0
+            trips = sum(_sent.values()) - trips0
             cpu1, wall2 = redis_cpu_s(probe), time.monotonic()
             stats1 = command_usec(probe)
             memory = int(probe.info("memory")["used_memory"])
