@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from encoder import audio
+from encoder import audio, gamepad
 from encoder.catalog import App
 from encoder.display import APP_MARK
 from encoder.resize import largest, open_screen
@@ -92,6 +92,9 @@ def session_spec(
     if input_dir is not None:
         # no udev in the sandbox: SDL finds pads by watching /dev/input itself
         env["SDL_JOYSTICK_DISABLE_UDEV"] = "1"
+        if gamepad.SHIM.is_file():
+            # the pads of a host without uinput are sockets the shim opens as their nodes
+            env["LD_PRELOAD"] = str(gamepad.SHIM)
     return SandboxSpec(
         name=name,
         ro_binds=ro,

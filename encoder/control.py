@@ -12,7 +12,7 @@ from typing import Any
 
 from encoder.catalog import App, check_geometry
 from encoder.clipboard import Clipboard, NoClipboard
-from encoder.gamepad import MAX_PADS, PadState, UinputPad, open_pad
+from encoder.gamepad import MAX_PADS, PadState, VirtualPad, open_pad
 from encoder.xinput import XInput
 from farm.errors import BadParameter
 
@@ -54,8 +54,8 @@ class InputControl:
         self.clipboard: Clipboard | None = None
         #: each gamepad's last state from the controlling viewer, by its Gamepad API index
         self.pads: dict[int, PadState] = {}
-        #: each gamepad's virtual controller (None where the host has no uinput)
-        self.uinput: dict[int, UinputPad | None] = {}
+        #: each gamepad's virtual controller (None where none can be made)
+        self.uinput: dict[int, VirtualPad | None] = {}
         #: the folder each controller's device nodes were last made in (the sandbox's)
         self._exposed: dict[int, Path] = {}
         #: the size of the display the pointer moves on
@@ -133,14 +133,15 @@ class InputControl:
     def _pad(self, index: int, state: PadState) -> None:
         self.pads[index] = state
         if index not in self.uinput:
-            # the real controller where the host has uinput; else only the state is kept
-            self.uinput[index] = open_pad(index)
+            # uinput's controller, else the shim's for a sandboxed app; else only the state
+            sandboxed = self.pad_devices is not None and self.pad_devices() is not None
+            self.uinput[index] = open_pad(index, sandboxed=sandboxed)
         pad = self.uinput[index]
         if pad is not None:
             self._expose(index, pad)
             pad.apply(state)
 
-    def _expose(self, index: int, pad: UinputPad) -> None:
+    def _expose(self, index: int, pad: VirtualPad) -> None:
         """Put a controller's device nodes where the sandboxed app sees them, once per sandbox
         (a restarted display's sandbox has a new /dev/input folder)."""
         where = self.pad_devices() if self.pad_devices is not None else None

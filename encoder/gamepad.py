@@ -1,23 +1,35 @@
 """Gamepads: the browser's standard-mapping Gamepad state turned into Linux input events of a
-virtual controller (uinput), which the session's app reads like a plugged-in pad.
+virtual controller, which the session's app reads like a plugged-in pad.
 
-The kernel makes the controller's device nodes on the host (``eventN``, ``jsN``); a sandboxed
-app sees only its session's ``/dev/input`` (encoder/appbox.py), so ``UinputPad.expose`` makes
-the same nodes there, owned by the sandbox's uid (which needs the service to be root: mknod).
+Two controllers, chosen at run time by ``open_pad``:
 
-Where /dev/uinput cannot be opened (a VM or container without it), ``open_pad`` says so and
+- ``UinputPad``, where /dev/uinput opens: the kernel makes the controller's device nodes on the
+  host (``eventN``, ``jsN``); a sandboxed app sees only its session's ``/dev/input``
+  (encoder/appbox.py), so ``expose`` makes the same nodes there, owned by the sandbox's uid
+  (which needs the service to be root: mknod).
+- ``SocketPad``, where it does not (a VM, a container or a Kubernetes pod without the device, a
+  service that is not root), for a sandboxed app: a unix socket where each node would be, in
+  the session's ``/dev/input``, and the app loads the pad shim (encoder/padshim/padshim.c,
+  LD_PRELOAD), which opens those sockets as the nodes and answers the joystick and evdev
+  queries. The app reads the same events, codes and ranges from either, through the joystick
+  API (``jsN``: ``struct js_event``) or evdev (``eventN``: ``struct input_event``).
+
+Where neither can be made (no uinput, no sandbox or no shim built), ``open_pad`` says so and
 the session keeps only the last state its viewer sent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
 import os
+import socket
 import stat
 import struct
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +72,18 @@ UI_GET_SYSNAME = 0x80000000 | (SYSNAME_LEN << 16) | (ord("U") << 8) | 44
 VIRTUAL_INPUT = Path("/sys/devices/virtual/input")
 #: the nodes an app reads a pad through: evdev, and the older joystick API
 NODE_PREFIXES = ("event", "js")
+
+#: the pad shim an app loads to read a ``SocketPad`` (built by .ci/setup and the image)
+SHIM = Path(__file__).with_name("padshim") / "padshim.so"
+# linux/joystick.h: struct js_event (time in ms, value, type, number) and its types
+JS_EVENT = struct.Struct("@IhBB")
+JS_EVENT_BUTTON, JS_EVENT_AXIS, JS_EVENT_INIT = 0x01, 0x02, 0x80
+#: struct input_event: timeval (two longs), type, code, value
+INPUT_EVENT = struct.Struct("@llHHi")
+#: the connections one pad's node keeps (an app opens a node once or twice)
+MAX_READERS = 8
+#: the events a connection may have waiting before it is dropped (an app that stopped reading)
+MAX_PENDING_BYTES = 64 * 1024
 
 
 def expose_nodes(device: Path, folder: Path, uid: int, gid: int) -> list[Path]:
@@ -121,6 +145,31 @@ def events(state: PadState) -> list[tuple[int, int, int]]:
     return out
 
 
+def axis_ranges() -> dict[int, tuple[int, int]]:
+    """Each evdev axis of the controller and its (min, max)."""
+    ranges = {code: (-STICK_MAX, STICK_MAX) for code in STICKS.values()}
+    ranges |= {code: (0, TRIGGER_MAX) for code in TRIGGERS.values()}
+    return ranges | {ABS_HAT0X: (-1, 1), ABS_HAT0Y: (-1, 1)}
+
+
+def js_events(state: PadState) -> list[tuple[int, int, int]]:
+    """Every (type, number, value) of ``state`` as the kernel's joystick driver numbers a
+    uinput controller's: buttons and axes in the order of their evdev codes, axis values
+    scaled from their range to -32767..32767."""
+    ranges = axis_ranges()
+    buttons = sorted(BUTTONS.values())
+    axes = sorted(ranges)
+    out = []
+    for kind, code, value in events(state):
+        if kind == EV_KEY:
+            out.append((JS_EVENT_BUTTON, buttons.index(code), value))
+        elif kind == EV_ABS:
+            low, high = ranges[code]
+            scaled = round((value - low) * 2 * STICK_MAX / (high - low)) - STICK_MAX
+            out.append((JS_EVENT_AXIS, axes.index(code), scaled))
+    return out
+
+
 class UinputPad:
     """A virtual controller made through ``/dev/uinput`` (or ``path``)."""
 
@@ -139,10 +188,7 @@ class UinputPad:
         for code in BUTTONS.values():
             fcntl.ioctl(self.fd, UI_SET_KEYBIT, code)
         fcntl.ioctl(self.fd, UI_SET_EVBIT, EV_ABS)
-        ranges = {code: (-STICK_MAX, STICK_MAX) for code in STICKS.values()}
-        ranges |= {code: (0, TRIGGER_MAX) for code in TRIGGERS.values()}
-        ranges |= {ABS_HAT0X: (-1, 1), ABS_HAT0Y: (-1, 1)}
-        for code, (low, high) in ranges.items():
+        for code, (low, high) in axis_ranges().items():
             fcntl.ioctl(self.fd, UI_SET_ABSBIT, code)
             # struct uinput_abs_setup: code, then input_absinfo (value min max fuzz flat res)
             fcntl.ioctl(self.fd, UI_ABS_SETUP, struct.pack("<H2xiiiiii", code, 0, low, high,
@@ -160,8 +206,7 @@ class UinputPad:
         return self.nodes
 
     def apply(self, state: PadState) -> None:
-        # struct input_event: timeval (two longs), type, code, value
-        data = b"".join(struct.pack("@llHHi", 0, 0, t, c, v) for t, c, v in events(state))
+        data = b"".join(INPUT_EVENT.pack(0, 0, t, c, v) for t, c, v in events(state))
         os.write(self.fd, data)
 
     def close(self) -> None:
@@ -173,10 +218,166 @@ class UinputPad:
             os.close(self.fd)
 
 
-def open_pad(index: int, path: Path = UINPUT) -> UinputPad | None:
-    """A virtual controller, or None where this host has no usable uinput."""
+@dataclass
+class _Reader:
+    """One connection to a ``SocketPad``'s node: what its app was last sent, and the bytes
+    still to send (a connection's stream must never be cut inside an event)."""
+
+    sock: socket.socket
+    js: bool
+    sent: dict[tuple[int, int], int] = field(default_factory=dict)
+    pending: bytes = b""
+
+
+class SocketPad:
+    """A virtual controller without uinput: unix sockets named as its nodes (``jsN``,
+    ``eventN``) in the sandbox's /dev/input, which the app's pad shim opens as the nodes. Each
+    connection gets what a node's reader gets from the kernel: on the joystick API the whole
+    pad at once (``JS_EVENT_INIT``), then every change; on evdev every change from a pad at
+    rest, each state closed by ``SYN_REPORT``. Runs on the service's event loop."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        #: the sockets ``expose`` made (removed with the pad)
+        self.nodes: list[Path] = []
+        self.state = PadState((), ())
+        self._listeners: list[socket.socket] = []
+        self._readers: list[_Reader] = []
+
+    def expose(self, folder: Path, uid: int, gid: int) -> list[Path]:
+        """Listen at this pad's nodes in ``folder`` (the sandbox's /dev/input), owned by
+        ``uid``:``gid`` (where the service may chown) and mode 0600; a restarted display's
+        new folder replaces the old one."""
+        loop = asyncio.get_running_loop()
+        self._unlisten()
+        for name, js in ((f"js{self.index}", True), (f"event{self.index}", False)):
+            node = folder / name
+            node.unlink(missing_ok=True)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(str(node))
+                node.chmod(0o600)
+                if os.geteuid() == 0:
+                    os.chown(node, uid, gid, follow_symlinks=False)
+                sock.listen(MAX_READERS)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                node.unlink(missing_ok=True)
+                self._unlisten()
+                raise
+            loop.add_reader(sock, self._accept, sock, js)
+            self._listeners.append(sock)
+            self.nodes.append(node)
+        return self.nodes
+
+    def _accept(self, listener: socket.socket, js: bool) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while True:
+                sock, _ = listener.accept()
+                if len(self._readers) >= MAX_READERS:
+                    sock.close()
+                    continue
+                sock.setblocking(False)
+                reader = _Reader(sock, js)
+                self._readers.append(reader)
+                asyncio.get_running_loop().add_reader(sock, self._drain, reader)
+                self._send(reader, opened=True)
+
+    def _drain(self, reader: _Reader) -> None:
+        """Throw away what the app writes; its end closed, forget it."""
+        try:
+            if reader.sock.recv(4096):
+                return
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self._drop(reader)
+
+    def _drop(self, reader: _Reader) -> None:
+        with contextlib.suppress(ValueError, RuntimeError):
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(reader.sock)
+            loop.remove_writer(reader.sock)
+        reader.sock.close()
+        if reader in self._readers:
+            self._readers.remove(reader)
+
+    def _send(self, reader: _Reader, opened: bool = False) -> None:
+        now = time.time()
+        if reader.js:
+            stamp = int(now * 1000) & 0xFFFFFFFF
+            # the joystick driver's reader gets every button and axis as it opens
+            flag = JS_EVENT_INIT if opened else 0
+            changed = [(t, n, v) for t, n, v in js_events(self.state)
+                       if opened or reader.sent.get((t, n), 0) != v]  # fmt: skip
+            data = b"".join(JS_EVENT.pack(stamp, v, t | flag, n) for t, n, v in changed)
+        else:
+            sec, usec = int(now), int(now % 1 * 1e6)
+            changed = [(t, c, v) for t, c, v in events(self.state)
+                       if t != EV_SYN and reader.sent.get((t, c), 0) != v]  # fmt: skip
+            if changed:
+                changed.append((EV_SYN, SYN_REPORT, 0))
+            data = b"".join(INPUT_EVENT.pack(sec, usec, t, c, v) for t, c, v in changed)
+        for kind, code, value in changed:
+            reader.sent[(kind, code)] = value
+        reader.pending += data
+        if len(reader.pending) > MAX_PENDING_BYTES:
+            log.info("event=gamepad_reader_dropped pad=%d reason=not_reading", self.index)
+            self._drop(reader)
+            return
+        self._flush(reader)
+
+    def _flush(self, reader: _Reader) -> None:
+        """Send what ``reader`` has waiting; what its socket cannot take now goes when it can."""
+        loop = asyncio.get_running_loop()
+        try:
+            reader.pending = reader.pending[reader.sock.send(reader.pending) :]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop(reader)
+            return
+        if reader.pending:
+            loop.add_writer(reader.sock, self._flush, reader)
+        else:
+            loop.remove_writer(reader.sock)
+
+    def apply(self, state: PadState) -> None:
+        self.state = state
+        for reader in list(self._readers):
+            self._send(reader)
+
+    def _unlisten(self) -> None:
+        for reader in list(self._readers):
+            self._drop(reader)
+        for sock in self._listeners:
+            with contextlib.suppress(ValueError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(sock)
+            sock.close()
+        for node in self.nodes:
+            node.unlink(missing_ok=True)
+        self._listeners, self.nodes = [], []
+
+    def close(self) -> None:
+        self._unlisten()
+
+
+#: a controller of either kind
+VirtualPad = UinputPad | SocketPad
+
+
+def open_pad(
+    index: int, path: Path = UINPUT, sandboxed: bool = False, shim: Path = SHIM
+) -> VirtualPad | None:
+    """A virtual controller: uinput's where the host has it, else (for a ``sandboxed`` app,
+    which loads the ``shim``) a ``SocketPad``; None where neither can be."""
     try:
         return UinputPad(index, path)
     except OSError as exc:
+        if sandboxed and shim.is_file():
+            log.info("event=gamepad_shim pad=%d uinput_error=%r", index, exc.strerror)
+            return SocketPad(index)
         log.info("event=gamepad_unavailable path=%s error=%r", path, exc.strerror)
         return None

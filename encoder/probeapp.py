@@ -1,7 +1,8 @@
 """A test app that says what it receives, over the display's clipboard: text pasted to it comes
 back as ``echo:<text>`` (after writing a file in its home for ``file:<name>=<text>``, or a
-link for ``link:<name>=<target>``), and a new screen size (RandR) as
-``size:<width>x<height>``.
+link for ``link:<name>=<target>``), a new screen size (RandR) as ``size:<width>x<height>``,
+and its first gamepad (``/dev/input/js0``, read with the joystick API, from whichever of the
+kernel or the pad shim makes it) as ``pad:buttons=<pressed>;axes=<values>`` on each change.
 
 It also fills its screen with one colour, so the video shows where the screen ends. Run it
 with ``python -m encoder.probeapp`` and DISPLAY set.
@@ -9,8 +10,13 @@ with ``python -m encoder.probeapp`` and DISPLAY set.
 
 from __future__ import annotations
 
+import os
 import signal
+import struct
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from Xlib import X, display, error
@@ -18,8 +24,31 @@ from Xlib import X, display, error
 from encoder.clipboard import Clipboard
 
 #: what the app copies starts with one of these (it never echoes its own reports)
-REPORTS = ("echo:", "size:")
+REPORTS = ("echo:", "size:", "pad:")
 BACKGROUND = 0x2050A0
+#: the pad the app reads
+PAD = Path("/dev/input/js0")
+#: struct js_event (linux/joystick.h): time, value, type, number
+JS_EVENT = struct.Struct("@IhBB")
+JS_EVENT_BUTTON = 0x01
+
+
+def watch_pad(report: Callable[[str], None]) -> None:
+    """Once the pad is plugged in, report its whole state each time it changes."""
+    while not PAD.exists():
+        time.sleep(0.1)
+    fd = os.open(PAD, os.O_RDONLY)
+    buttons: dict[int, int] = {}
+    axes: dict[int, int] = {}
+    rest = b""
+    while data := os.read(fd, JS_EVENT.size * 64):
+        rest += data
+        whole = len(rest) - len(rest) % JS_EVENT.size
+        for _, value, kind, number in JS_EVENT.iter_unpack(rest[:whole]):
+            (buttons if kind & JS_EVENT_BUTTON else axes)[number] = value
+        rest = rest[whole:]
+        pressed = ",".join(str(n) for n, value in sorted(buttons.items()) if value)
+        report(f"pad:buttons={pressed};axes={','.join(str(axes[n]) for n in sorted(axes))}")
 
 
 def main() -> int:
@@ -42,6 +71,7 @@ def main() -> int:
             clipboard.paste(f"echo:{text}")
 
         clipboard = Clipboard(disp.get_display_name(), heard, name="probe-clipboard").start()
+        threading.Thread(target=watch_pad, args=(clipboard.paste,), daemon=True).start()
         root = screen.root
         root.change_attributes(event_mask=X.StructureNotifyMask)
         window = root.create_window(

@@ -303,6 +303,8 @@ ZOMBIES = (
     "    except OSError: pass\n"
     "print(n)"
 )
+#: prints where the gamepad shim is, or nothing where the image lacks it
+PAD_SHIM = "from encoder.gamepad import SHIM\nprint(SHIM if SHIM.is_file() else '')"
 
 
 def upload(api: Api, blend: Path) -> str:
@@ -446,6 +448,15 @@ def no_zombies(stack: Stack) -> None:
     print("stack:   no zombie processes in the stream container", flush=True)
 
 
+def pad_shim(stack: Stack) -> None:
+    """The image holds the gamepad shim where the stream service looks for it: a container
+    has no /dev/uinput, so a session's pads reach its app only through the shim."""
+    where = stack.exec("stream", "python", "-c", PAD_SHIM).strip()
+    if not where:
+        raise StackError("the stream image has no gamepad shim (deploy/Dockerfile, stage shim)")
+    print(f"stack:   gamepad shim in the stream image: {where}", flush=True)
+
+
 def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path) -> None:
     with phase("compose up, services healthy"):
         bring_up(stack)
@@ -488,6 +499,7 @@ def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path) -> None:
         stream_session(api, "testpattern")
         stream_session(admin, "desktop")
         no_zombies(stack)
+        pad_shim(stack)
 
 
 def main() -> int:

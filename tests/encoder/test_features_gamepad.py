@@ -5,13 +5,19 @@ nodes' path into the sandbox is tested with a node of /dev/null's number)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
+import json
 import os
 import select
+import socket
 import stat
 import struct
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,7 +197,13 @@ def test_a_pads_nodes_follow_the_sandbox_once_each_and_a_refusal_is_not_retried(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     pad = ExposedPad(fail_in=tmp_path / "c")
-    monkeypatch.setattr("encoder.control.open_pad", lambda index: pad)
+    opened: list[bool] = []
+
+    def open_pad(index: int, sandboxed: bool) -> ExposedPad:
+        opened.append(sandboxed)
+        return pad
+
+    monkeypatch.setattr("encoder.control.open_pad", open_pad)
     folder = [tmp_path / "a"]
     app = App("probe", "probe", ("true",), 320, 240, 30)
     control = InputControl(
@@ -204,4 +216,174 @@ def test_a_pads_nodes_follow_the_sandbox_once_each_and_a_refusal_is_not_retried(
         folder[0] = tmp_path / where
         control.handle("viewer", press)
     assert pad.states == 7
+    assert opened == [True]  # one controller, for a sandboxed app (the shim's where no uinput)
     assert pad.made_in == [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+
+
+#: the app of the shim's test: waits for its pad's nodes, reads them as the kernel's (stat,
+#: the joystick and evdev queries, the events) and writes what it saw into its home folder
+SHIM_PROBE = r"""
+import fcntl, json, os, select, stat, struct, sys, time
+JSIOCGAXES, JSIOCGBUTTONS = 0x80016A11, 0x80016A12
+def JSIOCGNAME(n): return 0x80006A13 | (n << 16)
+def EVIOCGNAME(n): return 0x80004506 | (n << 16)
+def EVIOCGBIT(ev, n): return 0x80004520 + ev | (n << 16)
+EVIOCGABS_X, EVIOCGID = 0x80184540, 0x80084502
+seen = {"preload": os.environ.get("LD_PRELOAD", "")}
+for _ in range(400):
+    if os.path.exists("/dev/input/event1"):
+        break
+    time.sleep(0.05)
+for name in ("js1", "event1"):
+    info = os.stat("/dev/input/" + name)
+    seen[name] = [stat.S_ISCHR(info.st_mode), os.major(info.st_rdev), os.minor(info.st_rdev)]
+js = os.open("/dev/input/js1", os.O_RDONLY | os.O_NONBLOCK)
+ev = os.open("/dev/input/event1", os.O_RDONLY | os.O_NONBLOCK)
+seen["fstat"] = os.minor(os.fstat(ev).st_rdev)
+seen["js_axes"] = fcntl.ioctl(js, JSIOCGAXES, b"\0")[0]
+seen["js_buttons"] = fcntl.ioctl(js, JSIOCGBUTTONS, b"\0")[0]
+seen["js_name"] = fcntl.ioctl(js, JSIOCGNAME(128), bytes(128)).rstrip(b"\0").decode()
+seen["ev_name"] = fcntl.ioctl(ev, EVIOCGNAME(128), bytes(128)).rstrip(b"\0").decode()
+seen["ev_id"] = list(struct.unpack("4H", fcntl.ioctl(ev, EVIOCGID, bytes(8))))
+keys = fcntl.ioctl(ev, EVIOCGBIT(1, 96), bytes(96))
+seen["ev_keys"] = [b for b in range(768) if keys[b // 8] >> (b % 8) & 1]
+seen["ev_abs_x"] = list(struct.unpack("6i", fcntl.ioctl(ev, EVIOCGABS_X, bytes(24))))[1:3]
+try:
+    fcntl.ioctl(ev, 0x80044599, b"\0" * 4)
+except OSError as exc:
+    seen["unknown_query"] = exc.errno
+js_events, ev_events = [], []
+deadline = time.monotonic() + 20
+# until the viewer's A press arrives on both nodes
+while time.monotonic() < deadline and not (
+    [1, 1, 0] in [e[1:] for e in js_events] and [1, 0x130, 1] in ev_events
+):
+    ready, _, _ = select.select([js, ev], [], [], 0.2)
+    if js in ready:
+        data = os.read(js, 8 * 64)
+        js_events += [[t, v, typ, n] for t, v, typ, n in struct.iter_unpack("@IhBB", data)]
+    if ev in ready:
+        data = os.read(ev, 24 * 64)
+        ev_events += [[t, c, v] for _, _, t, c, v in struct.iter_unpack("@llHHi", data)]
+seen["js"] = [e[1:] for e in js_events]
+seen["ev"] = ev_events
+with open(os.path.expanduser("~/seen.tmp"), "w") as out:
+    json.dump(seen, out)
+os.rename(os.path.expanduser("~/seen.tmp"), os.path.expanduser("~/seen"))
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not gp.SHIM.is_file(), reason="the pad shim is not built (.ci/setup)")
+@pytest.mark.usefixtures("no_orphans")
+def test_without_uinput_a_sandboxed_app_reads_the_pad_through_the_shim(tmp_path: Path) -> None:
+    """The shim's nodes read as the kernel's: a character device of the joystick major, the
+    joystick and evdev queries answered for the controller uinput would make, the whole pad at
+    once on js (JS_EVENT_INIT, the triggers at rest at -32767), then each change on both."""
+    settings = Settings().with_(work_dir=tmp_path)
+    app = App("shimprobe", "shim probe", (sys.executable, "-c", SHIM_PROBE), 320, 240, 30)
+    source = make_source(app, settings, "shimprobe")
+    assert isinstance(source, SandboxedSource)
+    source.start(lambda reason: None)
+
+    async def drive() -> dict[str, Any]:
+        where = source.pad_devices
+        assert where is not None and source.home is not None
+        pad = open_pad(1, tmp_path / "no-uinput", sandboxed=True)
+        assert isinstance(pad, gp.SocketPad)
+        try:
+            assert [n.name for n in pad.expose(*where)] == ["js1", "event1"]
+            while len(pad._readers) < 2:  # the app opened both nodes
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            pad.apply(PadState((1.0,), (-1.0,)))  # A held, left stick hard left
+            seen, deadline = source.home / "seen", time.monotonic() + 20
+            while not seen.exists():
+                assert time.monotonic() < deadline, "the app did not report"
+                await asyncio.sleep(0.05)
+            return dict(json.loads(seen.read_text()))
+        finally:
+            pad.close()
+            assert not list(where[0].iterdir())  # its sockets go with it
+
+    try:
+        seen = asyncio.run(drive())
+    finally:
+        source.stop()
+    assert seen["preload"] == str(gp.SHIM)
+    assert seen["js1"] == [True, 13, 1] and seen["event1"] == [True, 13, 65]
+    assert seen["fstat"] == 65
+    assert (seen["js_axes"], seen["js_buttons"]) == (8, 11)
+    assert seen["js_name"] == seen["ev_name"] == "Tessera virtual pad 1"
+    assert seen["ev_id"] == [gp.BUS_VIRTUAL, 0x045E, 0x028E, 1]
+    assert seen["ev_keys"] == sorted(gp.BUTTONS.values())
+    assert seen["ev_abs_x"] == [-gp.STICK_MAX, gp.STICK_MAX]
+    assert seen["unknown_query"] == errno.EINVAL
+    # the whole pad as it opened: 11 buttons up, sticks and hat centred, triggers (axes 2
+    # and 5: ABS_Z, ABS_RZ in code order) at rest, the bottom of their range
+    init = {(t & ~gp.JS_EVENT_INIT, n): v for v, t, n in seen["js"] if t & gp.JS_EVENT_INIT}
+    at_rest = {(gp.JS_EVENT_AXIS, 2): -32767, (gp.JS_EVENT_AXIS, 5): -32767}
+    assert init == {(gp.JS_EVENT_BUTTON, n): 0 for n in range(11)} | {
+        (gp.JS_EVENT_AXIS, n): at_rest.get((gp.JS_EVENT_AXIS, n), 0) for n in range(8)
+    }
+    changes = [e for e in seen["js"] if not e[1] & gp.JS_EVENT_INIT]
+    assert changes == [[1, gp.JS_EVENT_BUTTON, 0], [-32767, gp.JS_EVENT_AXIS, 0]]
+    assert seen["ev"] == [
+        [gp.EV_KEY, gp.BTN_SOUTH, 1], [gp.EV_ABS, gp.ABS_X, -32767], [gp.EV_SYN, 0, 0]
+    ]  # fmt: skip
+
+
+def test_a_shim_pads_reader_gets_whole_events_in_order_a_stalled_one_is_dropped(
+    tmp_path: Path,
+) -> None:
+    """Straight to the pad's sockets (no shim: the app's side is plain reads): what a reader's
+    socket cannot take waits and goes whole and in order when it reads; one that stops reading
+    is dropped past MAX_PENDING_BYTES; past MAX_READERS connections are refused."""
+
+    async def drive() -> tuple[list[tuple[int, int, int]], bool, int]:
+        pad = gp.SocketPad(0)
+        pad.expose(tmp_path, os.getuid(), os.getgid())
+        loop = asyncio.get_running_loop()
+        slow, stalled = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
+        for sock in (slow, stalled):
+            sock.setblocking(False)
+            await loop.sock_connect(sock, str(tmp_path / "event0"))
+        while len(pad._readers) < 2:
+            await asyncio.sleep(0.01)
+        for reader in pad._readers:  # a unix socket's sender holds what is unread: a small one
+            reader.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
+        # 200 states of the left stick: about 14 KB each way, far past the socket's buffer
+        for step in range(1, 201):
+            pad.apply(PadState((), (step / 200,)))
+        assert pad._readers[0].pending, "the reader's socket took everything at once"
+        got = b""
+        while len(got) < 200 * 2 * gp.INPUT_EVENT.size:
+            got += await asyncio.wait_for(loop.sock_recv(slow, 65536), 5)
+        seen = [(t, c, v) for _, _, t, c, v in gp.INPUT_EVENT.iter_unpack(got)]
+        # the stalled one: past its share it is let go; the one reading stays
+        for step in range(2000):
+            pad.apply(PadState((), (-(step % 2) - 0.5,)))
+            with contextlib.suppress(BlockingIOError):
+                slow.recv(65536)
+        # the stalled one reads what was sent before, then the end; the other stays
+        while await asyncio.wait_for(loop.sock_recv(stalled, 65536), 5):
+            pass
+        dropped = len(pad._readers) == 1
+        more = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(9)]
+        for sock in more:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, str(tmp_path / "js0"))
+        await asyncio.sleep(0.2)
+        readers = len(pad._readers)
+        pad.close()
+        for sock in (slow, stalled, *more):
+            sock.close()
+        return seen, dropped, readers
+
+    seen, dropped, readers = asyncio.run(drive())
+    want = []
+    for step in range(1, 201):
+        want += [(gp.EV_ABS, gp.ABS_X, round(step / 200 * gp.STICK_MAX)), (gp.EV_SYN, 0, 0)]
+    assert seen == want
+    assert dropped
+    assert readers == gp.MAX_READERS
