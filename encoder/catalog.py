@@ -106,7 +106,7 @@ def builtin_apps() -> list[App]:
         ),
         App(
             "game",
-            "Built-in game (arrow keys / WASD, click)",
+            "Built-in game (arrow keys / WASD, click, gamepad)",
             (sys.executable, "-m", "encoder.game"),
             audio=True,
             lip_sync=False,

@@ -1,13 +1,25 @@
-"""The built-in game: a green square on a dark field that arrow keys or WASD move and a mouse
-click places; a plain X11 client (python-xlib), run in a session's display as its own process.
+"""The built-in game: a green square on a dark field that arrow keys or WASD move, a mouse
+click places, and a gamepad's d-pad or left stick steers while held; a plain X11 client
+(python-xlib), run in a session's display as its own process.
+
+The pad is the session's first (``/dev/input/js0``, the joystick API), from whichever of uinput
+or the pad shim makes it (encoder/gamepad.py); plugged in at any time, unplugged when its
+node goes.
 
 Run it with ``python -m encoder.game`` (or this file) and DISPLAY set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
+import struct
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from Xlib import XK, X, display, error
 
@@ -23,6 +35,64 @@ _MOVES = {
     XK.XK_Up: (0, -1), XK.XK_w: (0, -1), XK.XK_W: (0, -1),
     XK.XK_Down: (0, 1), XK.XK_s: (0, 1), XK.XK_S: (0, 1),
 }  # fmt: skip
+
+#: the pad the game reads, and how often it looks for one while none is plugged in
+PAD = Path("/dev/input/js0")
+PAD_LOOK_S = 0.5
+#: struct js_event: time, value, type, number (linux/joystick.h)
+JS_EVENT = struct.Struct("@IhBB")
+JS_EVENT_BUTTON, JS_EVENT_AXIS = 0x01, 0x02
+#: the axes that steer (the kernel's numbering of the virtual pad: left stick 0/1, hat 6/7)
+STICK_X, STICK_Y, HAT_X, HAT_Y = 0, 1, 6, 7
+#: a stick past half way steers; a held direction moves the sprite this far per tick
+STICK_DEAD = 16384
+PAD_STEP_PX = 6
+PAD_TICK_S = 1 / 30
+
+
+class Pad:
+    """The first gamepad, read without blocking: which way it steers now."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.axes: dict[int, int] = {}
+        self._rest = b""
+
+    @classmethod
+    def open(cls) -> Pad | None:
+        try:
+            return cls(os.open(PAD, os.O_RDONLY | os.O_NONBLOCK))
+        except OSError:
+            return None
+
+    def read(self) -> bool:
+        """Take what the pad sent; False when it is gone (unplugged)."""
+        try:
+            data = os.read(self.fd, JS_EVENT.size * 64)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        self._rest += data
+        whole = len(self._rest) - len(self._rest) % JS_EVENT.size
+        for _, value, kind, number in JS_EVENT.iter_unpack(self._rest[:whole]):
+            if kind & JS_EVENT_AXIS:
+                self.axes[number] = value
+        self._rest = self._rest[whole:]
+        return True
+
+    def direction(self) -> tuple[int, int]:
+        def steer(stick: int, hat: int) -> int:
+            value = self.axes.get(hat, 0) or self.axes.get(stick, 0)
+            return (value > STICK_DEAD) - (value < -STICK_DEAD)
+
+        return steer(STICK_X, HAT_X), steer(STICK_Y, HAT_Y)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 class Game:
@@ -60,20 +130,41 @@ class Game:
     def run(self) -> None:
         self.window.map()
         self.disp.flush()
+        pad: Pad | None = None
+        looked = moved = 0.0
         while True:
-            event = self.disp.next_event()
-            if event.type == X.MapNotify:
-                # no window manager gives us the keyboard: take it
-                self.window.set_input_focus(X.RevertToParent, X.CurrentTime)
-                self.draw()
-            elif event.type == X.Expose and event.count == 0:
-                self.draw()
-            elif event.type == X.KeyPress:
-                keysym = self.disp.keycode_to_keysym(event.detail, 0)
-                dx, dy = _MOVES.get(keysym, (0, 0))
-                self.move_to(self.x + dx * STEP_PX, self.y + dy * STEP_PX)
-            elif event.type == X.ButtonPress and event.detail == 1:
-                self.move_to(event.event_x - SPRITE_PX // 2, event.event_y - SPRITE_PX // 2)
+            now = time.monotonic()
+            if pad is None and now - looked >= PAD_LOOK_S:
+                looked, pad = now, Pad.open()
+            steering = pad is not None and pad.direction() != (0, 0)
+            if steering and pad is not None and now - moved >= PAD_TICK_S:
+                moved = now
+                dx, dy = pad.direction()
+                self.move_to(self.x + dx * PAD_STEP_PX, self.y + dy * PAD_STEP_PX)
+            # X events as they come; the pad's while it steers, or a look for one meanwhile
+            wait_s = PAD_TICK_S if steering else PAD_LOOK_S if pad is None else None
+            fds = [self.disp.fileno()] + ([pad.fd] if pad is not None else [])
+            if not self.disp.pending_events():
+                ready, _, _ = select.select(fds, [], [], wait_s)
+                if pad is not None and pad.fd in ready and not pad.read():
+                    pad.close()
+                    pad = None
+            while self.disp.pending_events():
+                self._handle(self.disp.next_event())
+
+    def _handle(self, event: Any) -> None:
+        if event.type == X.MapNotify:
+            # no window manager gives us the keyboard: take it
+            self.window.set_input_focus(X.RevertToParent, X.CurrentTime)
+            self.draw()
+        elif event.type == X.Expose and event.count == 0:
+            self.draw()
+        elif event.type == X.KeyPress:
+            keysym = self.disp.keycode_to_keysym(event.detail, 0)
+            dx, dy = _MOVES.get(keysym, (0, 0))
+            self.move_to(self.x + dx * STEP_PX, self.y + dy * STEP_PX)
+        elif event.type == X.ButtonPress and event.detail == 1:
+            self.move_to(event.event_x - SPRITE_PX // 2, event.event_y - SPRITE_PX // 2)
 
 
 def main() -> int:

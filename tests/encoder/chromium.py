@@ -29,3 +29,26 @@ def until(expression: str) -> str:
     if ARROW.match(expression):
         raise ValueError(f"until() takes an expression, not a function: {expression!r}")
     return f"() => ({expression})"
+
+
+#: a pad plugged into the page: the Gamepad API's standard mapping, moved by window.movePad
+FAKE_PAD_JS = """
+(() => {
+  const pad = {
+    index: 0, id: "Test pad (STANDARD GAMEPAD)", mapping: "standard", connected: true,
+    buttons: Array.from({ length: 17 }, () => ({ pressed: false, touched: false, value: 0 })),
+    axes: [0, 0, 0, 0], timestamp: 0,
+  };
+  navigator.getGamepads = () => [pad, null, null, null];
+  window.movePad = (button, axis0) => {
+    pad.buttons[button] = { pressed: true, touched: true, value: 1 };
+    pad.axes[0] = axis0;
+    pad.timestamp += 1;
+  };
+  window.plugPad = () => {
+    const event = new Event("gamepadconnected");
+    event.gamepad = pad;
+    window.dispatchEvent(event);
+  };
+})();
+"""

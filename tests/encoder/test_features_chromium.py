@@ -24,7 +24,7 @@ from encoder.gamepad import SHIM, UINPUT, PadState
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS, until
+from tests.encoder.chromium import CHROMIUM, FAKE_PAD_JS, TIMEOUT_MS, until
 from tests.encoder.test_player_chromium import end_session
 
 OPERATOR = tokens.operator()
@@ -55,28 +55,6 @@ RECORD_CLIPS_JS = """
     set(text) { value = text; window.clips.push(text); },
   });
 }
-"""
-
-#: a pad plugged into the page: the Gamepad API's standard mapping, moved by window.movePad
-FAKE_PAD_JS = """
-(() => {
-  const pad = {
-    index: 0, id: "Test pad (STANDARD GAMEPAD)", mapping: "standard", connected: true,
-    buttons: Array.from({ length: 17 }, () => ({ pressed: false, touched: false, value: 0 })),
-    axes: [0, 0, 0, 0], timestamp: 0,
-  };
-  navigator.getGamepads = () => [pad, null, null, null];
-  window.movePad = (button, axis0) => {
-    pad.buttons[button] = { pressed: true, touched: true, value: 1 };
-    pad.axes[0] = axis0;
-    pad.timestamp += 1;
-  };
-  window.plugPad = () => {
-    const event = new Event("gamepadconnected");
-    event.gamepad = pad;
-    window.dispatchEvent(event);
-  };
-})();
 """
 
 

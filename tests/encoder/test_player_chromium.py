@@ -12,10 +12,11 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from encoder.app import running
+from encoder.gamepad import SHIM, UINPUT
 from encoder.service import StreamService
 from farm.settings import Settings
 from tests.encoder import tokens
-from tests.encoder.chromium import CHROMIUM, TIMEOUT_MS, until
+from tests.encoder.chromium import CHROMIUM, FAKE_PAD_JS, TIMEOUT_MS, until
 
 OPERATOR = tokens.operator()
 
@@ -58,6 +59,16 @@ FIND_SPRITE_JS = """
     if (px[at + 1] > 180 && px[at] < 90 && px[at + 2] < 90) { n++; sx += x; sy += y; }
   }
   return n ? [sx / n, sy / n] : null;
+}
+"""
+
+
+#: every button of the page's pad let go (FAKE_PAD_JS's pad)
+RELEASE_PAD_JS = """
+() => {
+  const pad = navigator.getGamepads()[0];
+  pad.buttons = pad.buttons.map(() => ({ pressed: false, touched: false, value: 0 }));
+  pad.timestamp += 1;
 }
 """
 
@@ -185,6 +196,42 @@ def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
         until(f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] < 470; }})()"),
         timeout=TIMEOUT_MS,
     )
+    end_session(page, service)
+
+
+def test_a_gamepad_steers_the_game_while_held(service: StreamService, page: Page) -> None:
+    """The page's pad reaches the sandboxed game's /dev/input/js0 (uinput's controller, or the
+    pad shim's where the host has none): the d-pad held right moves the sprite right, and it
+    stops when let go."""
+    if not UINPUT.exists() and not SHIM.is_file():
+        pytest.skip("neither uinput nor the pad shim (.ci/setup builds it) on this host")
+    page.add_init_script(FAKE_PAD_JS)
+    page.goto(
+        f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
+    )
+    page.wait_for_function(
+        until("window.tessera && tessera.stats.frames_decoded > 0 && video.videoWidth === 640"),
+        timeout=TIMEOUT_MS,
+    )
+    page.wait_for_function(until(f"({FIND_SPRITE_JS})() !== null"), timeout=TIMEOUT_MS)
+    start = page.evaluate(FIND_SPRITE_JS)
+    page.evaluate("window.plugPad()")
+    page.wait_for_function(until("tessera.gamepadsSent >= 1"), timeout=TIMEOUT_MS)
+    page.evaluate("window.movePad(15, 0)")  # the d-pad's right, held
+    page.wait_for_function(
+        until(
+            f"(() => {{ const p = ({FIND_SPRITE_JS})(); return p && p[0] > {start[0] + 60}; }})()"
+        ),
+        timeout=TIMEOUT_MS,
+    )
+    assert abs(page.evaluate(FIND_SPRITE_JS)[1] - start[1]) < 4  # straight right
+    page.evaluate(RELEASE_PAD_JS)
+    sent = page.evaluate("tessera.gamepadsSent")
+    page.wait_for_function(until(f"tessera.gamepadsSent > {sent}"), timeout=TIMEOUT_MS)
+    page.wait_for_timeout(300)  # what was on its way lands
+    stopped = page.evaluate(FIND_SPRITE_JS)
+    page.wait_for_timeout(500)
+    assert page.evaluate(FIND_SPRITE_JS) == stopped
     end_session(page, service)
 
 
