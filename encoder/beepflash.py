@@ -3,8 +3,10 @@ at the same instant, then goes black and silent again, so that a viewer can meas
 apart the flash (decoded video) and the beep (received sound) reach it.
 
 The sound is a raw stream to the session's sound server (``pacat``, PULSE_SERVER) written in
-10 ms chunks with a short buffer: the server takes each chunk as it plays the one before, so
-the chunk holding the tone's start is written the moment the flash is drawn.
+10 ms chunks with a short buffer: the server takes each chunk as it plays the one before. The
+chunk holding the tone's start still waits behind what the pipe to ``pacat`` holds (up to a
+page, 21 ms), which the sound server cannot see; the app draws each flash when that wait is
+over, as a game times its picture to its own sound, so that the two leave the app together.
 
     DISPLAY=:N PULSE_SERVER=unix:... python -m encoder.beepflash [period_s]   (default 1)
 """
@@ -14,9 +16,12 @@ from __future__ import annotations
 import fcntl
 import math
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
+import time
 
 from Xlib import X, display, error
 
@@ -40,11 +45,28 @@ def tone(samples: int, start: int) -> bytes:
 
 
 SILENCE = bytes(CHUNK_SAMPLES * 4)
+BYTES_PER_S = RATE * 4
 F_SETPIPE_SZ = 1031
 
 
-def sound(period_s: float, flash: threading.Event, dark: threading.Event) -> None:
-    """Write the sound in 10 ms chunks (paced by the server); signal each tone's start and end."""
+class Cue(threading.Event):
+    """An event set with the moment (time.monotonic) its picture is due."""
+
+    at = 0.0
+
+    def cue(self, at: float) -> None:
+        self.at = at
+        self.set()
+
+
+def queued_s(fd: int) -> float:
+    """Seconds of sound waiting in the pipe ``fd`` writes to."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]) / BYTES_PER_S
+
+
+def sound(period_s: float, flash: Cue, dark: Cue) -> None:
+    """Write the sound in 10 ms chunks (paced by the server); cue each tone's start and end
+    for when they leave the pipe."""
     player = subprocess.Popen(
         ["pacat", "--raw", "--format=s16le", f"--rate={RATE}", "--channels=2",
          "--latency-msec=10", "--process-time-msec=2"],
@@ -59,12 +81,13 @@ def sound(period_s: float, flash: threading.Event, dark: threading.Event) -> Non
     chunk = 0
     while True:
         phase = chunk % per_period
-        if phase == 0:
-            flash.set()
-        elif phase == per_pulse:
-            dark.set()
-        player.stdin.write(beeps[phase] if phase < per_pulse else SILENCE)
+        data = beeps[phase] if phase < per_pulse else SILENCE
+        player.stdin.write(data)
         player.stdin.flush()
+        if phase in (0, per_pulse):
+            # the chunk just written plays once what is ahead of it in the pipe has
+            ahead_s = queued_s(player.stdin.fileno()) - len(data) / BYTES_PER_S
+            (flash if phase == 0 else dark).cue(time.monotonic() + max(0.0, ahead_s))
         chunk += 1
 
 
@@ -79,18 +102,16 @@ def run(disp: display.Display, period_s: float) -> None:
     disp.sync()
     white = window.create_gc(foreground=screen.white_pixel)
     black = window.create_gc(foreground=screen.black_pixel)
-    flash, dark = threading.Event(), threading.Event()
+    flash, dark = Cue(), Cue()
     threading.Thread(target=sound, args=(period_s, flash, dark), daemon=True).start()
     size = (0, 0, screen.width_in_pixels, screen.height_in_pixels)
     while True:
-        flash.wait()
-        flash.clear()
-        window.fill_rectangle(white, *size)
-        disp.sync()
-        dark.wait()
-        dark.clear()
-        window.fill_rectangle(black, *size)
-        disp.sync()
+        for cue, gc in ((flash, white), (dark, black)):
+            cue.wait()
+            cue.clear()
+            time.sleep(max(0.0, cue.at - time.monotonic()))
+            window.fill_rectangle(gc, *size)
+            disp.sync()
 
 
 def main() -> int:

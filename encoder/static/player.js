@@ -50,6 +50,8 @@ const tessera = {
   // the session's sound: its MediaStream once it came (null: the session sends none), and
   // whether this page plays it (the browser may refuse sound before a click: then muted)
   audioStream: null,
+  // over the WebSocket, the WebAudio node whose output is heard (null over WebRTC)
+  soundNode: null,
   muted: false,
   // the WebSocket viewer's sound: packets played, dropped (behind their place) and gaps (the
   // sound ran dry); the last packet's delay from capture to heard, the picture's from capture
@@ -695,6 +697,9 @@ function soundPlayer(pictureDelayMs) {
     },
   };
   tessera.audioStream = tap.stream;
+  // what the viewer hears, in the context that plays it (a second context listening to
+  // audioStream hears it later, by the crossing between contexts)
+  tessera.soundNode = volume;
   $("sound").hidden = false;
   // setMuted reads wsSound: the player is in place before it is called
   queueMicrotask(() => setMuted(tessera.muted));
