@@ -27,6 +27,7 @@ from farm import lifetime, sandbox
 from farm.errors import (
     BlenderCrashed,
     RenderError,
+    TileAbandoned,
     TileTimeout,
     error_class,
 )
@@ -142,10 +143,14 @@ class BlenderChild(lifetime.ChildHandle):
         """Spawn the child (if it is not running) and wait for its first ping reply.
 
         With ``wait=False`` the caller does other work while Blender imports, then calls
-        ``wait_ready()`` before any request.
+        ``wait_ready()`` before any request. A child ``interrupt``ed is not started again: the
+        next request fails at once (TileAbandoned), so a stopping worker's task ends instead of
+        starting its next step on a new child.
         """
         if self.alive:
             return
+        if self._interrupted:
+            raise TileAbandoned("the worker is stopping: no Blender child is started again")
         self._spawn()
         if wait:
             self.wait_ready()

@@ -24,6 +24,7 @@ from farm.errors import (
     BlenderCrashed,
     DeviceUnavailable,
     NoCamera,
+    TileAbandoned,
     TileTimeout,
 )
 from farm.tiling import Rect, TileGrid, plan_tiles
@@ -346,6 +347,22 @@ def test_crash_mid_render_is_reported_and_the_next_render_restarts(scene: Path, 
         )  # fmt: skip
         assert c.pid != first_pid
         assert reply["out_path"] == str(work / "after-crash.exr")
+
+
+def test_a_child_interrupted_for_good_is_not_started_again(scene: Path, work: Path) -> None:
+    """A stopping worker's grace ran out (workers.shutdown): the child it interrupted stays
+    down. The next request of the same task (an inspection's probe, after its inspection)
+    fails at once instead of starting a child and rendering past the grace."""
+    with _new_child(work / "logs", name="interrupted") as c:
+        first_pid = c.pid
+        assert first_pid is not None
+        c.interrupt()
+        _wait_until(lambda: not c.alive, 30)
+        started = time.monotonic()
+        with pytest.raises(TileAbandoned, match="stopping"):
+            c.inspect(scene, TIMEOUT_S)
+        assert time.monotonic() - started < 5
+        assert not c.alive
 
 
 def test_timeout_kills_the_child_and_the_next_request_restarts_it(scene: Path, work: Path) -> None:
