@@ -15,8 +15,9 @@
  *            buttons, their maps and ranges) for the pad the service drives: the same
  *            controller, codes and ranges as its uinput one (encoder/gamepad.py);
  *   read(), poll(), select() and epoll need nothing: the fd is a real socket.
+ * Paths are matched as written, absolute (as SDL and the joystick libraries open them).
  * close() forgets a connected fd. A connected fd duplicated (dup, F_DUPFD) answers no ioctl on
- * its copy; no pad library seen does that.
+ * its copy (an app that queries a copy sees no pad there).
  *
  * Nothing here is trusted by the service: the app may write anything into the socket, and the
  * service only reads it to throw it away.

@@ -387,3 +387,84 @@ def test_a_shim_pads_reader_gets_whole_events_in_order_a_stalled_one_is_dropped(
     assert seen == want
     assert dropped
     assert readers == gp.MAX_READERS
+
+
+#: an SDL2 app (the library most games read pads with; PySDL2 and its bundled SDL2): waits for
+#: a game controller, writes ~/ready once it has opened it, then what it saw into ~/seen
+SDL_PROBE = r"""
+import ctypes, json, os, time, warnings
+warnings.simplefilter("ignore")  # PySDL2 says which SDL2 binaries it loaded
+import sdl2
+home = os.path.expanduser("~")
+sdl2.SDL_Init(sdl2.SDL_INIT_GAMECONTROLLER)
+deadline = time.monotonic() + 20
+while sdl2.SDL_NumJoysticks() < 1 and time.monotonic() < deadline:
+    sdl2.SDL_PumpEvents()
+    time.sleep(0.05)
+version = sdl2.SDL_version()
+sdl2.SDL_GetVersion(ctypes.byref(version))
+seen = {"version": f"{version.major}.{version.minor}.{version.patch}"}
+seen["controllers"] = [bool(sdl2.SDL_IsGameController(i)) for i in range(sdl2.SDL_NumJoysticks())]
+pad = sdl2.SDL_GameControllerOpen(0) if seen["controllers"] else None
+if pad:
+    joystick = sdl2.SDL_GameControllerGetJoystick(pad)
+    seen["name"] = sdl2.SDL_GameControllerName(pad).decode()
+    seen["axes"] = sdl2.SDL_JoystickNumAxes(joystick)
+    seen["buttons"] = sdl2.SDL_JoystickNumButtons(joystick)
+    open(os.path.join(home, "ready"), "w").close()
+    events, event = [], sdl2.SDL_Event()
+    while time.monotonic() < deadline and ["axis", 0, -32768] not in events:
+        while sdl2.SDL_PollEvent(ctypes.byref(event)):
+            if event.type == sdl2.SDL_CONTROLLERBUTTONDOWN:
+                events.append(["down", event.cbutton.button])
+            elif event.type == sdl2.SDL_CONTROLLERAXISMOTION and event.caxis.value:
+                events.append(["axis", event.caxis.axis, event.caxis.value])
+        time.sleep(0.01)
+    seen["events"] = events
+with open(os.path.join(home, "seen.tmp"), "w") as out:
+    json.dump(seen, out)
+os.rename(os.path.join(home, "seen.tmp"), os.path.join(home, "seen"))
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not gp.SHIM.is_file(), reason="the pad shim is not built (.ci/setup)")
+@pytest.mark.usefixtures("no_orphans")
+def test_sdl2_in_the_sandbox_reads_the_shims_pad_as_a_game_controller(tmp_path: Path) -> None:
+    """What most games do: SDL2 scans the sandbox's /dev/input (no udev there), takes the
+    shim's event node for a game controller (an Xbox 360 pad by its ids, SDL's own mapping),
+    and reports the viewer's A press and left stick as controller events."""
+    settings = Settings().with_(work_dir=tmp_path)
+    app = App("sdlprobe", "SDL probe", (sys.executable, "-c", SDL_PROBE), 320, 240, 30)
+    source = make_source(app, settings, "sdlprobe")
+    assert isinstance(source, SandboxedSource)
+    source.start(lambda reason: None)
+
+    async def drive() -> dict[str, Any]:
+        where = source.pad_devices
+        assert where is not None and source.home is not None
+        pad = open_pad(0, tmp_path / "no-uinput", sandboxed=True)
+        assert isinstance(pad, gp.SocketPad)
+        try:
+            pad.expose(*where)
+            ready, seen = source.home / "ready", source.home / "seen"
+            deadline = time.monotonic() + 30
+            while not ready.exists() and not seen.exists():
+                assert time.monotonic() < deadline, "SDL found no controller"
+                await asyncio.sleep(0.05)
+            pad.apply(PadState((1.0,), (-1.0,)))  # A held, left stick hard left
+            while not seen.exists():
+                assert time.monotonic() < deadline, "the app did not report"
+                await asyncio.sleep(0.05)
+            return dict(json.loads(seen.read_text()))
+        finally:
+            pad.close()
+
+    try:
+        seen = asyncio.run(drive())
+    finally:
+        source.stop()
+    assert seen["controllers"] == [True], seen
+    assert (seen["name"], seen["axes"], seen["buttons"]) == ("Xbox 360 Controller", 6, 11), seen
+    # SDL's controller button 0 is A; axis 0 the left stick's x (SDL scales -32767 to -32768)
+    assert seen["events"] == [["down", 0], ["axis", 0, -32768]], seen
