@@ -191,11 +191,15 @@ def test_over_the_websocket_the_browsers_share_runs_from_each_frames_own_message
         page.wait_for_function(until("tessera.stats.browser_ms !== null"), timeout=TIMEOUT_MS)
         measured.append(statistics.median(page.evaluate(BROWSER_JS, 30)))
         overlay.append(float(page.evaluate("tessera.stats.browser_ms")))
-    # as above: each reading against its own window or the one before, whichever is nearer
+    # as above: each reading against its own window or the one before, whichever is nearer.
+    # The overlay may go below zero only where the picture's own measure does: beside a process
+    # busy 70 % of the time one window measured -7.4 ms frame by frame (Chromium's expected
+    # display time came before the message listener's time), and the overlay showed the same
     apart = statistics.median(
         min(abs(o - m) for m in measured[max(0, i - 1) : i + 1]) for i, o in enumerate(overlay)
     )
-    assert min(overlay) >= 0 and apart <= max(5.0, (max(measured) - min(measured)) / 2), (
+    below = min(0.0, min(measured) - 1.0)  # 1 ms: the overlay is rounded, a second apart
+    assert min(overlay) >= below and apart <= max(5.0, (max(measured) - min(measured)) / 2), (
         f"overlay {overlay} ms, measured {measured} ms"
     )
     print(f"browser share: overlay {overlay} ms, measured {measured} ms")
