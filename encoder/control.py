@@ -55,7 +55,7 @@ class InputControl:
         #: each gamepad's last state from the controlling viewer, by its Gamepad API index
         self.pads: dict[int, PadState] = {}
         #: each gamepad's virtual controller (None where none can be made)
-        self.uinput: dict[int, VirtualPad | None] = {}
+        self.controllers: dict[int, VirtualPad | None] = {}
         #: the folder each controller's device nodes were last made in (the sandbox's)
         self._exposed: dict[int, Path] = {}
         #: the size of the display the pointer moves on
@@ -124,19 +124,19 @@ class InputControl:
         if self.clipboard is not None:
             self.clipboard.close()
             self.clipboard = None
-        for pad in self.uinput.values():
+        for pad in self.controllers.values():
             if pad is not None:
                 pad.close()
-        self.uinput.clear()
+        self.controllers.clear()
         self._exposed.clear()
 
     def _pad(self, index: int, state: PadState) -> None:
         self.pads[index] = state
-        if index not in self.uinput:
+        if index not in self.controllers:
             # uinput's controller, else the shim's for a sandboxed app; else only the state
             sandboxed = self.pad_devices is not None and self.pad_devices() is not None
-            self.uinput[index] = open_pad(index, sandboxed=sandboxed)
-        pad = self.uinput[index]
+            self.controllers[index] = open_pad(index, sandboxed=sandboxed)
+        pad = self.controllers[index]
         if pad is not None:
             self._expose(index, pad)
             pad.apply(state)
