@@ -220,6 +220,22 @@ def test_a_pads_nodes_follow_the_sandbox_once_each_and_a_refusal_is_not_retried(
     assert pad.made_in == [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
 
 
+def _start_probe(tmp_path: Path, name: str, script: str) -> SandboxedSource:
+    """``script`` (Python) started as a session's app, in its sandbox; stop it when done."""
+    app = App(name, name, (sys.executable, "-c", script), 320, 240, 30)
+    source = make_source(app, Settings().with_(work_dir=tmp_path), name)
+    assert isinstance(source, SandboxedSource)
+    source.start(lambda reason: None)
+    return source
+
+
+def _shim_pad(index: int, tmp_path: Path) -> gp.SocketPad:
+    """The controller this host gets for a sandboxed app without uinput: the shim's."""
+    pad = open_pad(index, tmp_path / "no-uinput", sandboxed=True)
+    assert isinstance(pad, gp.SocketPad)
+    return pad
+
+
 #: the app of the shim's test: waits for its pad's nodes, reads them as the kernel's (stat,
 #: the joystick and evdev queries, the events) and writes what it saw into its home folder
 SHIM_PROBE = r"""
@@ -280,17 +296,12 @@ def test_without_uinput_a_sandboxed_app_reads_the_pad_through_the_shim(tmp_path:
     """The shim's nodes read as the kernel's: a character device of the joystick major, the
     joystick and evdev queries answered for the controller uinput would make, the whole pad at
     once on js (JS_EVENT_INIT, the triggers at rest at -32767), then each change on both."""
-    settings = Settings().with_(work_dir=tmp_path)
-    app = App("shimprobe", "shim probe", (sys.executable, "-c", SHIM_PROBE), 320, 240, 30)
-    source = make_source(app, settings, "shimprobe")
-    assert isinstance(source, SandboxedSource)
-    source.start(lambda reason: None)
+    source = _start_probe(tmp_path, "shimprobe", SHIM_PROBE)
 
     async def drive() -> dict[str, Any]:
         where = source.pad_devices
         assert where is not None and source.home is not None
-        pad = open_pad(1, tmp_path / "no-uinput", sandboxed=True)
-        assert isinstance(pad, gp.SocketPad)
+        pad = _shim_pad(1, tmp_path)
         try:
             assert [n.name for n in pad.expose(*where)] == ["js1", "event1"]
             while len(pad._readers) < 2:  # the app opened both nodes
@@ -434,17 +445,12 @@ def test_sdl2_in_the_sandbox_reads_the_shims_pad_as_a_game_controller(tmp_path: 
     """What most games do: SDL2 scans the sandbox's /dev/input (no udev there), takes the
     shim's event node for a game controller (an Xbox 360 pad by its ids, SDL's own mapping),
     and reports the viewer's A press and left stick as controller events."""
-    settings = Settings().with_(work_dir=tmp_path)
-    app = App("sdlprobe", "SDL probe", (sys.executable, "-c", SDL_PROBE), 320, 240, 30)
-    source = make_source(app, settings, "sdlprobe")
-    assert isinstance(source, SandboxedSource)
-    source.start(lambda reason: None)
+    source = _start_probe(tmp_path, "sdlprobe", SDL_PROBE)
 
     async def drive() -> dict[str, Any]:
         where = source.pad_devices
         assert where is not None and source.home is not None
-        pad = open_pad(0, tmp_path / "no-uinput", sandboxed=True)
-        assert isinstance(pad, gp.SocketPad)
+        pad = _shim_pad(0, tmp_path)
         try:
             pad.expose(*where)
             ready, seen = source.home / "ready", source.home / "seen"

@@ -165,9 +165,8 @@ def end_session(page: Page, service: StreamService) -> None:
     assert ended["state"] == "ended"
 
 
-def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
-    service: StreamService, page: Page
-) -> None:
+def _play_game(service: StreamService, page: Page) -> None:
+    """The built-in game at 640x480 in the player, until its sprite shows."""
     page.goto(
         f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
     )
@@ -176,6 +175,12 @@ def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
         timeout=TIMEOUT_MS,
     )
     page.wait_for_function(until(f"({FIND_SPRITE_JS})() !== null"), timeout=TIMEOUT_MS)
+
+
+def test_a_click_in_the_letterboxed_player_lands_on_that_pixel_of_the_game(
+    service: StreamService, page: Page
+) -> None:
+    _play_game(service, page)
     box = page.locator("#video").bounding_box()
     assert box is not None
     # the video's pixel (480, 120), through the page's letterboxing (object-fit: contain)
@@ -206,14 +211,7 @@ def test_a_gamepad_steers_the_game_while_held(service: StreamService, page: Page
     if not UINPUT.exists() and not SHIM.is_file():
         pytest.skip("neither uinput nor the pad shim (.ci/setup builds it) on this host")
     page.add_init_script(FAKE_PAD_JS)
-    page.goto(
-        f"{service.url}/player?app=game&width=640&height=480&fps=30&autostart=1&token={OPERATOR}"
-    )
-    page.wait_for_function(
-        until("window.tessera && tessera.stats.frames_decoded > 0 && video.videoWidth === 640"),
-        timeout=TIMEOUT_MS,
-    )
-    page.wait_for_function(until(f"({FIND_SPRITE_JS})() !== null"), timeout=TIMEOUT_MS)
+    _play_game(service, page)
     start = page.evaluate(FIND_SPRITE_JS)
     page.evaluate("window.plugPad()")
     page.wait_for_function(until("tessera.gamepadsSent >= 1"), timeout=TIMEOUT_MS)
