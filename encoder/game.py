@@ -11,17 +11,16 @@ Run it with ``python -m encoder.game`` (or this file) and DISPLAY set.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import select
 import signal
-import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from Xlib import XK, X, display, error
+
+from encoder.gamepad import JsReader
 
 #: colours as 24-bit TrueColor pixels: the tests find the sprite by its pure green
 BACKGROUND = 0x141C28
@@ -39,9 +38,6 @@ _MOVES = {
 #: the pad the game reads, and how often it looks for one while none is plugged in
 PAD = Path("/dev/input/js0")
 PAD_LOOK_S = 0.5
-#: struct js_event: time, value, type, number (linux/joystick.h)
-JS_EVENT = struct.Struct("@IhBB")
-JS_EVENT_BUTTON, JS_EVENT_AXIS = 0x01, 0x02
 #: the axes that steer (the kernel's numbering of the virtual pad: left stick 0/1, hat 6/7)
 STICK_X, STICK_Y, HAT_X, HAT_Y = 0, 1, 6, 7
 #: a stick past half way steers; a held direction moves the sprite this far per tick
@@ -50,49 +46,16 @@ PAD_STEP_PX = 6
 PAD_TICK_S = 1 / 30
 
 
-class Pad:
-    """The first gamepad, read without blocking: which way it steers now."""
+def direction(pad: JsReader | None) -> tuple[int, int]:
+    """Which way ``pad`` steers now: its d-pad, else its left stick past half way."""
+    if pad is None:
+        return 0, 0
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.axes: dict[int, int] = {}
-        self._rest = b""
+    def steer(stick: int, hat: int) -> int:
+        value = pad.axes.get(hat, 0) or pad.axes.get(stick, 0)
+        return (value > STICK_DEAD) - (value < -STICK_DEAD)
 
-    @classmethod
-    def open(cls) -> Pad | None:
-        try:
-            return cls(os.open(PAD, os.O_RDONLY | os.O_NONBLOCK))
-        except OSError:
-            return None
-
-    def read(self) -> bool:
-        """Take what the pad sent; False when it is gone (unplugged)."""
-        try:
-            data = os.read(self.fd, JS_EVENT.size * 64)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        if not data:
-            return False
-        self._rest += data
-        whole = len(self._rest) - len(self._rest) % JS_EVENT.size
-        for _, value, kind, number in JS_EVENT.iter_unpack(self._rest[:whole]):
-            if kind & JS_EVENT_AXIS:
-                self.axes[number] = value
-        self._rest = self._rest[whole:]
-        return True
-
-    def direction(self) -> tuple[int, int]:
-        def steer(stick: int, hat: int) -> int:
-            value = self.axes.get(hat, 0) or self.axes.get(stick, 0)
-            return (value > STICK_DEAD) - (value < -STICK_DEAD)
-
-        return steer(STICK_X, HAT_X), steer(STICK_Y, HAT_Y)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+    return steer(STICK_X, HAT_X), steer(STICK_Y, HAT_Y)
 
 
 class Game:
@@ -130,16 +93,16 @@ class Game:
     def run(self) -> None:
         self.window.map()
         self.disp.flush()
-        pad: Pad | None = None
+        pad: JsReader | None = None
         looked = moved = 0.0
         while True:
             now = time.monotonic()
             if pad is None and now - looked >= PAD_LOOK_S:
-                looked, pad = now, Pad.open()
-            steering = pad is not None and pad.direction() != (0, 0)
-            if steering and pad is not None and now - moved >= PAD_TICK_S:
+                looked, pad = now, JsReader.open(PAD)
+            dx, dy = direction(pad)
+            steering = (dx, dy) != (0, 0)
+            if steering and now - moved >= PAD_TICK_S:
                 moved = now
-                dx, dy = pad.direction()
                 self.move_to(self.x + dx * PAD_STEP_PX, self.y + dy * PAD_STEP_PX)
             # X events as they come; the pad's while it steers, or a look for one meanwhile
             wait_s = PAD_TICK_S if steering else PAD_LOOK_S if pad is None else None

@@ -65,6 +65,9 @@ UI_DEV_CREATE, UI_DEV_DESTROY = 0x5501, 0x5502
 UI_DEV_SETUP, UI_ABS_SETUP = 0x405C5503, 0x401C5504
 UI_SET_EVBIT, UI_SET_KEYBIT, UI_SET_ABSBIT = 0x40045564, 0x40045565, 0x40045567
 BUS_VIRTUAL = 0x06
+#: the controller's input_id: bus, vendor, product (an Xbox 360 pad's: SDL maps it as one),
+#: version; the pad shim (padshim/padshim.c) reports the same
+PAD_ID = (BUS_VIRTUAL, 0x045E, 0x028E, 1)
 #: UI_GET_SYSNAME(len): the device's name under /sys/devices/virtual/input ("input17")
 SYSNAME_LEN = 64
 UI_GET_SYSNAME = 0x80000000 | (SYSNAME_LEN << 16) | (ord("U") << 8) | 44
@@ -145,29 +148,74 @@ def events(state: PadState) -> list[tuple[int, int, int]]:
     return out
 
 
-def axis_ranges() -> dict[int, tuple[int, int]]:
-    """Each evdev axis of the controller and its (min, max)."""
-    ranges = {code: (-STICK_MAX, STICK_MAX) for code in STICKS.values()}
-    ranges |= {code: (0, TRIGGER_MAX) for code in TRIGGERS.values()}
-    return ranges | {ABS_HAT0X: (-1, 1), ABS_HAT0Y: (-1, 1)}
+#: each evdev axis of the controller and its (min, max)
+AXIS_RANGES = (
+    {code: (-STICK_MAX, STICK_MAX) for code in STICKS.values()}
+    | {code: (0, TRIGGER_MAX) for code in TRIGGERS.values()}
+    | {ABS_HAT0X: (-1, 1), ABS_HAT0Y: (-1, 1)}
+)
+#: (evdev type, code) -> (joystick API type, number): the kernel's joystick driver numbers a
+#: controller's buttons and axes in the order of their evdev codes
+JS_NUMBERS = {
+    **{(EV_KEY, code): (JS_EVENT_BUTTON, n) for n, code in enumerate(sorted(BUTTONS.values()))},
+    **{(EV_ABS, code): (JS_EVENT_AXIS, n) for n, code in enumerate(sorted(AXIS_RANGES))},
+}
 
 
 def js_events(state: PadState) -> list[tuple[int, int, int]]:
-    """Every (type, number, value) of ``state`` as the kernel's joystick driver numbers a
-    uinput controller's: buttons and axes in the order of their evdev codes, axis values
-    scaled from their range to -32767..32767."""
-    ranges = axis_ranges()
-    buttons = sorted(BUTTONS.values())
-    axes = sorted(ranges)
+    """Every (type, number, value) of ``state`` as the kernel's joystick driver reports a
+    uinput controller's: axis values scaled from their range to -32767..32767."""
     out = []
     for kind, code, value in events(state):
         if kind == EV_KEY:
-            out.append((JS_EVENT_BUTTON, buttons.index(code), value))
+            out.append((*JS_NUMBERS[kind, code], value))
         elif kind == EV_ABS:
-            low, high = ranges[code]
+            low, high = AXIS_RANGES[code]
             scaled = round((value - low) * 2 * STICK_MAX / (high - low)) - STICK_MAX
-            out.append((JS_EVENT_AXIS, axes.index(code), scaled))
+            out.append((*JS_NUMBERS[kind, code], scaled))
     return out
+
+
+class JsReader:
+    """A pad as an app reads it through the joystick API (``/dev/input/jsN``, ``struct
+    js_event``), from uinput's controller or the pad shim's: the latest value of each button
+    and axis, by number. The built-in game and the test's probe app read pads with it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buttons: dict[int, int] = {}
+        self.axes: dict[int, int] = {}
+        self._rest = b""
+
+    @classmethod
+    def open(cls, path: Path, blocking: bool = False) -> JsReader | None:
+        """The pad at ``path``, or None where none is plugged in."""
+        try:
+            return cls(os.open(path, os.O_RDONLY | (0 if blocking else os.O_NONBLOCK)))
+        except OSError:
+            return None
+
+    def read(self) -> bool:
+        """Take what the pad sent (waiting for it where opened blocking); False when the pad
+        is gone (unplugged)."""
+        try:
+            data = os.read(self.fd, JS_EVENT.size * 64)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        self._rest += data
+        whole = len(self._rest) - len(self._rest) % JS_EVENT.size
+        for _, value, kind, number in JS_EVENT.iter_unpack(self._rest[:whole]):
+            (self.buttons if kind & JS_EVENT_BUTTON else self.axes)[number] = value
+        self._rest = self._rest[whole:]
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 class UinputPad:
@@ -188,14 +236,14 @@ class UinputPad:
         for code in BUTTONS.values():
             fcntl.ioctl(self.fd, UI_SET_KEYBIT, code)
         fcntl.ioctl(self.fd, UI_SET_EVBIT, EV_ABS)
-        for code, (low, high) in axis_ranges().items():
+        for code, (low, high) in AXIS_RANGES.items():
             fcntl.ioctl(self.fd, UI_SET_ABSBIT, code)
             # struct uinput_abs_setup: code, then input_absinfo (value min max fuzz flat res)
             fcntl.ioctl(self.fd, UI_ABS_SETUP, struct.pack("<H2xiiiiii", code, 0, low, high,
                                                             0, 0, 0))  # fmt: skip
         name = f"Tessera virtual pad {index}".encode()[:79]
         # struct uinput_setup: input_id (bustype vendor product version), name[80], ff max
-        setup = struct.pack("<HHHH80sI", BUS_VIRTUAL, 0x045E, 0x028E, 1, name, 0)
+        setup = struct.pack("<HHHH80sI", *PAD_ID, name, 0)
         fcntl.ioctl(self.fd, UI_DEV_SETUP, setup)
         fcntl.ioctl(self.fd, UI_DEV_CREATE)
 
@@ -306,22 +354,21 @@ class SocketPad:
 
     def _send(self, reader: _Reader, opened: bool = False) -> None:
         now = time.time()
+        # what changed since this reader was last sent (on evdev from a pad at rest; the
+        # joystick driver's reader gets every button and axis as it opens)
+        current = js_events(self.state) if reader.js else events(self.state)[:-1]  # no SYN
+        changed = [(t, c, v) for t, c, v in current
+                   if (reader.js and opened) or reader.sent.get((t, c), 0) != v]  # fmt: skip
+        reader.sent.update(((t, c), v) for t, c, v in changed)
         if reader.js:
-            stamp = int(now * 1000) & 0xFFFFFFFF
-            # the joystick driver's reader gets every button and axis as it opens
-            flag = JS_EVENT_INIT if opened else 0
-            changed = [(t, n, v) for t, n, v in js_events(self.state)
-                       if opened or reader.sent.get((t, n), 0) != v]  # fmt: skip
+            stamp, flag = int(now * 1000) & 0xFFFFFFFF, JS_EVENT_INIT if opened else 0
             data = b"".join(JS_EVENT.pack(stamp, v, t | flag, n) for t, n, v in changed)
-        else:
+        elif changed:
             sec, usec = int(now), int(now % 1 * 1e6)
-            changed = [(t, c, v) for t, c, v in events(self.state)
-                       if t != EV_SYN and reader.sent.get((t, c), 0) != v]  # fmt: skip
-            if changed:
-                changed.append((EV_SYN, SYN_REPORT, 0))
-            data = b"".join(INPUT_EVENT.pack(sec, usec, t, c, v) for t, c, v in changed)
-        for kind, code, value in changed:
-            reader.sent[(kind, code)] = value
+            report = [*changed, (EV_SYN, SYN_REPORT, 0)]
+            data = b"".join(INPUT_EVENT.pack(sec, usec, t, c, v) for t, c, v in report)
+        else:
+            data = b""
         reader.pending += data
         if len(reader.pending) > MAX_PENDING_BYTES:
             log.info("event=gamepad_reader_dropped pad=%d reason=not_reading", self.index)

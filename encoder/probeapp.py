@@ -10,9 +10,7 @@ with ``python -m encoder.probeapp`` and DISPLAY set.
 
 from __future__ import annotations
 
-import os
 import signal
-import struct
 import sys
 import threading
 import time
@@ -22,33 +20,23 @@ from pathlib import Path
 from Xlib import X, display, error
 
 from encoder.clipboard import Clipboard
+from encoder.gamepad import JsReader
 
 #: what the app copies starts with one of these (it never echoes its own reports)
 REPORTS = ("echo:", "size:", "pad:")
 BACKGROUND = 0x2050A0
 #: the pad the app reads
 PAD = Path("/dev/input/js0")
-#: struct js_event (linux/joystick.h): time, value, type, number
-JS_EVENT = struct.Struct("@IhBB")
-JS_EVENT_BUTTON = 0x01
 
 
 def watch_pad(report: Callable[[str], None]) -> None:
     """Once the pad is plugged in, report its whole state each time it changes."""
-    while not PAD.exists():
+    while (pad := JsReader.open(PAD, blocking=True)) is None:
         time.sleep(0.1)
-    fd = os.open(PAD, os.O_RDONLY)
-    buttons: dict[int, int] = {}
-    axes: dict[int, int] = {}
-    rest = b""
-    while data := os.read(fd, JS_EVENT.size * 64):
-        rest += data
-        whole = len(rest) - len(rest) % JS_EVENT.size
-        for _, value, kind, number in JS_EVENT.iter_unpack(rest[:whole]):
-            (buttons if kind & JS_EVENT_BUTTON else axes)[number] = value
-        rest = rest[whole:]
-        pressed = ",".join(str(n) for n, value in sorted(buttons.items()) if value)
-        report(f"pad:buttons={pressed};axes={','.join(str(axes[n]) for n in sorted(axes))}")
+    while pad.read():
+        pressed = ",".join(str(n) for n, value in sorted(pad.buttons.items()) if value)
+        axes = ",".join(str(value) for _, value in sorted(pad.axes.items()))
+        report(f"pad:buttons={pressed};axes={axes}")
 
 
 def main() -> int:
