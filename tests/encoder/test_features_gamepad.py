@@ -16,6 +16,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,8 +230,17 @@ def _start_probe(tmp_path: Path, name: str, script: str) -> SandboxedSource:
     return source
 
 
+async def _until(done: Callable[[], bool], deadline: float, what: str) -> None:
+    """Until ``done()``, the event loop running meanwhile; ``what`` went wrong past
+    ``deadline`` (time.monotonic)."""
+    while not done():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
 def _shim_pad(index: int, tmp_path: Path) -> gp.SocketPad:
     """The controller this host gets for a sandboxed app without uinput: the shim's."""
+    assert gp.SHIM.is_file(), "the pad shim is not built: .ci/setup builds it"
     pad = open_pad(index, tmp_path / "no-uinput", sandboxed=True)
     assert isinstance(pad, gp.SocketPad)
     return pad
@@ -290,7 +300,6 @@ time.sleep(60)
 """
 
 
-@pytest.mark.skipif(not gp.SHIM.is_file(), reason="the pad shim is not built (.ci/setup)")
 @pytest.mark.usefixtures("no_orphans")
 def test_without_uinput_a_sandboxed_app_reads_the_pad_through_the_shim(tmp_path: Path) -> None:
     """The shim's nodes read as the kernel's: a character device of the joystick major, the
@@ -304,14 +313,11 @@ def test_without_uinput_a_sandboxed_app_reads_the_pad_through_the_shim(tmp_path:
         pad = _shim_pad(1, tmp_path)
         try:
             assert [n.name for n in pad.expose(*where)] == ["js1", "event1"]
-            while len(pad._readers) < 2:  # the app opened both nodes
-                await asyncio.sleep(0.02)
+            seen, deadline = source.home / "seen", time.monotonic() + 20
+            await _until(lambda: len(pad._readers) == 2, deadline, "the app opened no nodes")
             await asyncio.sleep(0.2)
             pad.apply(PadState((1.0,), (-1.0,)))  # A held, left stick hard left
-            seen, deadline = source.home / "seen", time.monotonic() + 20
-            while not seen.exists():
-                assert time.monotonic() < deadline, "the app did not report"
-                await asyncio.sleep(0.05)
+            await _until(seen.exists, deadline, "the app did not report")
             return dict(json.loads(seen.read_text()))
         finally:
             pad.close()
@@ -439,7 +445,6 @@ time.sleep(60)
 """
 
 
-@pytest.mark.skipif(not gp.SHIM.is_file(), reason="the pad shim is not built (.ci/setup)")
 @pytest.mark.usefixtures("no_orphans")
 def test_sdl2_in_the_sandbox_reads_the_shims_pad_as_a_game_controller(tmp_path: Path) -> None:
     """What most games do: SDL2 scans the sandbox's /dev/input (no udev there), takes the
@@ -455,13 +460,9 @@ def test_sdl2_in_the_sandbox_reads_the_shims_pad_as_a_game_controller(tmp_path: 
             pad.expose(*where)
             ready, seen = source.home / "ready", source.home / "seen"
             deadline = time.monotonic() + 30
-            while not ready.exists() and not seen.exists():
-                assert time.monotonic() < deadline, "SDL found no controller"
-                await asyncio.sleep(0.05)
+            await _until(lambda: ready.exists() or seen.exists(), deadline, "SDL found no pad")
             pad.apply(PadState((1.0,), (-1.0,)))  # A held, left stick hard left
-            while not seen.exists():
-                assert time.monotonic() < deadline, "the app did not report"
-                await asyncio.sleep(0.05)
+            await _until(seen.exists, deadline, "the app did not report")
             return dict(json.loads(seen.read_text()))
         finally:
             pad.close()
