@@ -90,14 +90,6 @@ CLOCK_AHEAD_MS = 10**12
 MEASURED = ("acquire", "release", "renew", "commit", "dequeue")
 
 
-class _SimTask(queue._TaskJob):
-    """The farm's rq task; its function never runs (the simulation does its work)."""
-
-
-class _SimTaskRq(Job):
-    """rq's own task (``--rq rq``): deleted by rq after its success."""
-
-
 @dataclass
 class Figures:
     """Latencies (ns) per operation and the count of every Redis-bound call."""
@@ -263,12 +255,13 @@ class Farm:
     def _worker(self, device_id: str) -> queue._FarmWorker:
         worker = self.workers.get(device_id)
         if worker is None:
+            # the task's function never runs (the simulation does its work); with ``--rq rq``
+            # rq's own Job deletes it after its success
             if self.args.rq == "rq":
                 worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}", None,
-                                            _RqBookkeeping, _SimTaskRq, _RqFetch)  # fmt: skip
+                                            _RqBookkeeping, Job, _RqFetch)  # fmt: skip
             else:
-                worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}",
-                                            job_class=_SimTask)  # fmt: skip
+                worker = queue.build_worker(self.rq_conn, "gpu", f"w-{device_id}")
             worker.register_birth()  # type: ignore[no-untyped-call]
             self.workers[device_id] = worker
         return worker

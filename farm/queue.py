@@ -499,12 +499,12 @@ class _BandedQueue(Queue):
     ) -> tuple[Job, Queue] | None:
         """rq's ``_fetch_dequeued_job`` from the hash the pick read with its take (one round
         trip a task less): None where the task's hash is gone, as rq's."""
+        if not fields:
+            return None
         job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
         queue = cls.from_queue_key(queue_key, connection=connection, job_class=job_cls,
                                    serializer=serializer,
                                    death_penalty_class=death_penalty_class)  # fmt: skip
-        if not fields:
-            return None
         job = job_cls(job_id, connection=connection, serializer=serializer)
         job.restore(dict(zip(fields[::2], fields[1::2], strict=True)))
         return job, queue
