@@ -15,11 +15,14 @@ from farm.errors import DeviceUnavailable, RenderError
 from farm.gpu.factory import open_nvml
 from farm.settings import Settings
 from farm.storage.factory import farm_storage
-from workers import tasks
+from workers import exr, tasks
 from workers.child import BlenderChild
 from workers.shutdown import Shutdown
 
 log = logging.getLogger("tessera.worker")
+
+#: OpenEXR threads of a worker at most: beyond a few, a frame's blocks are too few to share
+EXR_THREADS_MAX = 4
 
 
 def serve(
@@ -59,6 +62,8 @@ def serve(
         raise DeviceUnavailable(
             f"worker {name} cannot render on {settings.device}: {child.device_error}"
         )
+    # the assembly's EXR reads and writes; the child is idle while this worker assembles
+    exr.use_threads(min(os.cpu_count() or 1, EXR_THREADS_MAX))
     # one text client for the job store, the allocator and the tasks; rq needs its own (bytes)
     conn = jobstore.connect(settings.redis_url)
     rq_conn = queue.connect(settings.redis_url)

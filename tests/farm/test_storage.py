@@ -10,6 +10,7 @@ import pytest
 from farm.delivery import output_address
 from farm.errors import AlreadyCommitted, BadParameter, StorageError, StorageNotFound
 from farm.settings import Settings
+from farm.storage.base import FILE_MODE
 from farm.storage.factory import farm_storage, open_storage
 from farm.storage.local import LocalStorage
 
@@ -104,6 +105,24 @@ def test_commit_once_in_a_folder_keeps_the_first_bytes(tmp_path: Path) -> None:
     store.put("out/frame_0001.png", b)  # a plain put replaces
     assert store.read_bytes("out/frame_0001.png") == b"second"
     assert [p.name for p in (tmp_path / "s" / "out").iterdir()] == ["frame_0001.png"]
+
+
+def test_bytes_are_put_whole_in_place_and_leave_nothing_beside(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path / "s")
+    assert store.put_bytes("jobs/j/logs/1/0-a1.log", b"first\n").size == 6
+    stored = store.put_bytes("jobs/j/logs/1/0-a1.log", b"second\n")  # replaces, whole
+    assert stored.size == 7 and store.read_bytes("jobs/j/logs/1/0-a1.log") == b"second\n"
+    folder = tmp_path / "s" / "jobs/j/logs/1"
+    assert [p.name for p in folder.iterdir()] == ["0-a1.log"], "a temporary file stayed"
+    assert oct((folder / "0-a1.log").stat().st_mode & 0o777) == oct(FILE_MODE)
+    # a folder where the object goes: refused, and nothing half-written stays beside it
+    (folder / "taken").mkdir()
+    with pytest.raises(StorageError):
+        store.put_bytes("jobs/j/logs/1/taken", b"x")
+    assert sorted(p.name for p in folder.iterdir()) == ["0-a1.log", "taken"]
+    with pytest.raises(StorageError):
+        store.put_bytes("../escape", b"x")
+    assert not (tmp_path / "escape").exists()
 
 
 def test_uploads_tiles_listing_and_removal(tmp_path: Path) -> None:

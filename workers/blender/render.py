@@ -14,7 +14,7 @@ import bpy
 from farm.tiling import Rect, border_floats
 from workers.blender.errors import ChildError
 from workers.blender.process import log
-from workers.exr import read_layers, read_peak_memory_mib, read_size, write_layers
+from workers.exr import read_facts, read_layers, write_layers
 
 if TYPE_CHECKING:
     from workers.blender.session import Session
@@ -36,10 +36,9 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
     layers = _prepare_passes(scene, session.saved, req)
     scene.cycles.device = cycles_device
     if session.threads > 0:
-        scene.render.threads_mode = "FIXED"
-        scene.render.threads = session.threads
+        _assign(scene.render, threads_mode="FIXED", threads=session.threads)
     else:
-        scene.render.threads_mode = "AUTO"
+        _assign(scene.render, threads_mode="AUTO")
     scene.frame_set(int(req["frame"]))
     # after frame_set: timeline markers may switch the camera per frame
     if scene.camera is None:
@@ -52,15 +51,12 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         # Every pass of every view layer. Blender 5 writes one EXR part per pass unless told
         # to interleave; readers that see one part (OpenImageIO in Cycles' denoiser, most
         # tools) then find only Combined, which is why "only Combined was written" was seen.
-        settings.media_type = "MULTI_LAYER_IMAGE"
-        settings.file_format = "OPEN_EXR_MULTILAYER"
-        settings.use_exr_interleave = True
+        _assign(settings, media_type="MULTI_LAYER_IMAGE", file_format="OPEN_EXR_MULTILAYER",
+                use_exr_interleave=True)  # fmt: skip
     else:
-        settings.media_type = "IMAGE"  # Blender 5: video-output files refuse file_format
-        settings.file_format = "OPEN_EXR"
-        settings.color_mode = "RGBA"
-    settings.color_depth = "32"
-    settings.exr_codec = "ZIP"
+        # Blender 5: video-output files refuse file_format (media_type first)
+        _assign(settings, media_type="IMAGE", file_format="OPEN_EXR", color_mode="RGBA")
+    _assign(settings, color_depth="32", exr_codec="ZIP")
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex}.tmp.exr")
     scene.render.filepath = str(tmp)
     scene.render.use_file_extension = False
@@ -76,9 +72,11 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         cpu_s = time.process_time() - cpu0
         if not tmp.is_file():
             raise ChildError("render_failed", f"Blender wrote no image for {out_path.name}")
-        # Blender's own figure, from the stamp _prepare_scene asks for (read before the
-        # multilayer rewrite below, which keeps only the farm's attributes)
-        peak_mib = read_peak_memory_mib(tmp)
+        # The size, and Blender's own figure of its peak memory from the stamp _prepare_scene
+        # asks for, from the header (read before the multilayer rewrite below, which keeps
+        # only the farm's attributes). The Render Result image reports 0x0 until its pixels
+        # are read: the file says.
+        width_px, height_px, peak_mib = read_facts(tmp)
         if req.get("layers") and len(layers) > 1:
             # The file lists passes by name only; say which view layer is the image.
             image = read_layers(tmp)
@@ -87,8 +85,6 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)
-    # The Render Result image reports 0x0 until its pixels are read: ask the file.
-    width_px, height_px = read_size(out_path)
     return {
         "out_path": str(out_path),
         "width": width_px,
@@ -118,30 +114,39 @@ def file_settings(scene: Any) -> dict[str, Any]:
     }
 
 
+def _assign(target: Any, **values: Any) -> None:
+    """Set each property that differs, in order. Setting a property runs its update callbacks
+    even when the value is the same: about 1 ms a tile for the scene's settings, which a kept
+    file mostly has already from the tile before."""
+    for name, value in values.items():
+        if getattr(target, name) != value:
+            setattr(target, name, value)
+
+
 def _prepare_scene(
     scene: Any, width: int, height: int, samples: int, rect: list[int] | None
 ) -> None:
     render = scene.render
-    render.engine = "CYCLES"
-    render.use_persistent_data = True
     # OSL shaders can read any image file by name (texture("/any/path")): SVM only.
-    scene.cycles.shading_system = False
     # Denoising per tile makes every pixel differ and seams show; the frame is denoised once.
-    scene.cycles.use_denoising = False
-    render.resolution_x = width
-    render.resolution_y = height
-    render.resolution_percentage = 100
-    scene.cycles.samples = int(samples)
-    # The raw render result: compositing, sequencer and burnt-in stamps would act per tile.
-    render.use_compositing = False
-    render.use_sequencer = False
-    render.use_stamp = False
-    # the render's peak memory as Blender reports it, stamped into the EXR's header (metadata
-    # only: nothing is burnt into the pixels while use_stamp is off)
-    render.use_stamp_memory = True
+    _assign(scene.cycles, shading_system=False, use_denoising=False, samples=int(samples))
+    _assign(
+        render,
+        engine="CYCLES",
+        use_persistent_data=True,
+        resolution_x=width,
+        resolution_y=height,
+        resolution_percentage=100,
+        # The raw render result: compositing, sequencer and burnt-in stamps would act per tile.
+        use_compositing=False,
+        use_sequencer=False,
+        use_stamp=False,
+        # the render's peak memory as Blender reports it, stamped into the EXR's header
+        # (metadata only: nothing is burnt into the pixels while use_stamp is off)
+        use_stamp_memory=True,
+    )
     if rect is None:
-        render.use_border = False
-        render.use_crop_to_border = False
+        _assign(render, use_border=False, use_crop_to_border=False)
     else:
         x0, y0, x1, y1 = (int(v) for v in rect)
         if not (0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height):
@@ -149,10 +154,8 @@ def _prepare_scene(
                 "bad_parameter", f"tile {rect} is not inside the {width}x{height} frame"
             )
         min_x, max_x, min_y, max_y = border_floats(Rect(x0, y0, x1, y1), width, height)
-        render.use_border = True
-        render.use_crop_to_border = True
-        render.border_min_x, render.border_max_x = min_x, max_x
-        render.border_min_y, render.border_max_y = min_y, max_y
+        _assign(render, use_border=True, use_crop_to_border=True, border_min_x=min_x,
+                border_max_x=max_x, border_min_y=min_y, border_max_y=max_y)  # fmt: skip
 
 
 def _prepare_passes(scene: Any, saved: dict[str, Any], req: dict[str, Any]) -> list[str]:
