@@ -158,9 +158,10 @@ def render(
     t0 = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="tessera-"))
     try:
-        with _signals_stop(), RedisServer(root / "redis") as redis_server:
+        with _signals_stop():
+            redis_server = RedisServer(root / "redis")
             local = settings.with_(
-                redis_url=redis_server.url,
+                redis_url=redis_server.url,  # its socket's path, known before it starts
                 storage_dir=root / "storage",
                 storage_url="",  # tiles stay in this private folder; frames go to the output
                 work_dir=root / "work",
@@ -175,9 +176,13 @@ def render(
             )
             (root / "logs").mkdir()
             pool = LocalWorkers(local, workers, root / "logs", (req.project, blend.parent))
-            pool.start()
             done = False
             try:
+                # The workers first: each Blender child imports bpy while Redis starts (a
+                # worker asks Redis nothing before its child is ready, and rides out a Redis
+                # that is not up yet like one that restarts).
+                pool.start()
+                redis_server.start()
                 outcome = _run(local, source, req, pool, stream, t0)
                 done = True
                 return outcome
