@@ -89,14 +89,30 @@ class TaskRecords:
 
     def started(
         self, task: TileTask, worker: str, device: str, now: float, device_class: str = ""
-    ) -> None:
-        self._put(task, Attempt(task.attempt, worker, device, now, device_class=device_class))
+    ) -> Attempt:
+        """The attempt began; returns its record (give it to ``ended``: no read then)."""
+        record = Attempt(task.attempt, worker, device, now, device_class=device_class)
+        self._put(task, record)
+        return record
 
-    def ended(self, task: TileTask, now: float, outcome: str, **fields: Any) -> None:
-        """The attempt ended: ``render_s``, ``peak_memory_mib``, ``cause``, ``logged``."""
-        text = guard(self.conn.hget, keys.tiles(task.job_id), _field(task))
-        if text:
-            record = replace(_attempt(json.loads(text)), ended_s=now, outcome=outcome, **fields)
+    def ended(
+        self,
+        task: TileTask,
+        now: float,
+        outcome: str,
+        *,
+        started: Attempt | None = None,
+        **fields: Any,
+    ) -> None:
+        """The attempt ended: ``render_s``, ``peak_memory_mib``, ``cause``, ``logged``.
+
+        ``started``: the record ``started`` returned for this attempt, where the caller kept
+        it; without it the record is read back (one more round trip a task)."""
+        if started is None:
+            text = guard(self.conn.hget, keys.tiles(task.job_id), _field(task))
+            started = _attempt(json.loads(text)) if text else None
+        if started is not None:
+            record = replace(started, ended_s=now, outcome=outcome, **fields)
         else:  # started before records were kept, or its start was not written
             record = Attempt(task.attempt, "", "", now, now, outcome=outcome, **fields)
         self._put(task, record)

@@ -8,14 +8,17 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm import keys, redisclock
 from farm.errors import FarmError, NotFound
 from farm.redisclient import Redis, guard
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
 
 log = logging.getLogger("tessera.workerstate")
 
@@ -161,19 +164,28 @@ class WorkerRegistry:
         pipe.hset(keys.worker(name), mapping=mapping)
         guard(pipe.execute)
 
-    def end_task(self, name: str) -> None:
+    def end_task(self, name: str, counts: Sequence[str] = ()) -> None:
+        """``name`` is idle again; ``counts``: its task's outcomes for today's counters (see
+        ``count``), in the same round trip."""
         pipe = self.conn.pipeline()
         pipe.hdel(keys.worker(name), *TASK_FIELDS)
         pipe.hset(keys.worker(name), "activity", "idle")
+        self._count(pipe, name, counts)
         guard(pipe.execute)
 
     def count(self, name: str, outcome: str) -> None:
         """One tile ``done`` or ``failed`` (a failure that counts) today."""
-        day_key = keys.worker_tiles(name, utc_day(redisclock.now(self.conn)))
         pipe = self.conn.pipeline()
-        pipe.hincrby(day_key, outcome, 1)
-        pipe.expire(day_key, DAY_COUNTERS_TTL_S)
+        self._count(pipe, name, [outcome])
         guard(pipe.execute)
+
+    def _count(self, pipe: Pipeline, name: str, outcomes: Sequence[str]) -> None:
+        if not outcomes:
+            return
+        day_key = keys.worker_tiles(name, utc_day(redisclock.now(self.conn)))
+        for outcome in outcomes:
+            pipe.hincrby(day_key, outcome, 1)
+        pipe.expire(day_key, DAY_COUNTERS_TTL_S)
 
     def is_disabled(self, name: str) -> bool:
         return bool(guard(self.conn.hexists, keys.WORKERS_DISABLED, name))
@@ -278,6 +290,8 @@ class Reporter:
 
     def __init__(self, registry: WorkerRegistry | None = None, name: str = "") -> None:
         self.registry, self.name = registry, name
+        #: outcomes counted during the current activity, written with its end
+        self._counts: list[str] | None = None
 
     def disabled(self) -> bool:
         """Whether an operator disabled this worker; False when Redis cannot say (the task
@@ -293,12 +307,19 @@ class Reporter:
     def activity(self, activity: str, **task: Any) -> Iterator[None]:
         """The block runs as the worker's current task (rendering a tile, assembling...)."""
         self._write(lambda r: r.start_task(self.name, activity, **task))
+        outer, self._counts = self._counts, []
         try:
             yield
         finally:
-            self._write(lambda r: r.end_task(self.name))
+            counts, self._counts = self._counts, outer
+            self._write(lambda r: r.end_task(self.name, counts))
 
     def count(self, outcome: str) -> None:
+        """One task's outcome in today's counters: with the activity's end where one runs (one
+        round trip for both), else at once."""
+        if self._counts is not None:
+            self._counts.append(outcome)
+            return
         self._write(lambda r: r.count(self.name, outcome))
 
     def _write(self, action: Callable[[WorkerRegistry], None]) -> None:

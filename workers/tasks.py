@@ -44,7 +44,7 @@ from farm.settings import Settings
 from farm.states import JobState
 from farm.storage.base import Storage
 from farm.storage.layout import ZIP_FILES, frame_tiles_key, tile_key, tile_log_key
-from farm.taskrecords import TaskRecords
+from farm.taskrecords import Attempt, TaskRecords
 from farm.workerstate import Reporter
 from workers import progressive, redaction, stillmodes
 from workers.child import BlenderChild
@@ -82,6 +82,8 @@ class WorkerContext:
     #: FARM_WORKER_TAGS and FARM_TAG_LIMITS (the queue pick routes by them; see farm.tags)
     tags: frozenset[str] = frozenset()
     tag_limits: dict[str, int] = field(default_factory=dict)
+    #: the task record this worker wrote last as it started a task (see ``record``)
+    _started: tuple[TileTask, Attempt] | None = None
 
     @property
     def scratch(self) -> Path:
@@ -102,13 +104,19 @@ class WorkerContext:
 
     def record(self, task: TileTask, ended: str = "", **fields: Any) -> None:
         """Note the attempt's start (``ended`` empty) or end in the job's task records; the
-        records inform, so a Redis hiccup here is logged and the task goes on."""
+        records inform, so a Redis hiccup here is logged and the task goes on. The worker
+        runs one task at a time: the start it wrote last is kept, so the end needs no read."""
         try:
             if ended:
-                self.records.ended(task, self.store.clock(), ended, **fields)
+                kept, self._started = self._started, None
+                started = kept[1] if kept is not None and kept[0] == task else None
+                self.records.ended(task, self.store.clock(), ended, started=started, **fields)
             else:
-                self.records.started(task, self.name, self.device_label, self.store.clock(),
-                                     self.device.device_class)  # fmt: skip
+                self._started = None
+                now = self.store.clock()
+                record = self.records.started(task, self.name, self.device_label, now,
+                                              self.device.device_class)  # fmt: skip
+                self._started = (task, record)
         except FarmError as exc:
             log.warning("event=task_record_failed job=%s frame=%d tile=%d error=%r",
                         task.job_id, task.frame, task.index, exc.message)  # fmt: skip

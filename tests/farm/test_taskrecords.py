@@ -53,6 +53,29 @@ def test_records_live_beside_the_tiles_without_disturbing_the_state_machine(
     assert not store.conn.exists(f"tessera:job:{job_id}:tiles")
 
 
+def test_an_end_given_its_start_record_writes_it_whole_without_reading_it_back(
+    store: JobStore, redis_url: str
+) -> None:
+    queue = RenderQueue(redis.Redis.from_url(redis_url), "cpu")
+    job_id = submit(queue.conn, store, queue, _spec(), [], scripts_blocked=False)
+    records = TaskRecords(store.conn)
+    task = TileTask(job_id, 1, 0, 1)
+    assert store.start_tile(task) == "ok"
+    kept = records.started(task, "w1", "GPU 0 (T4)", 100.0, "t4")
+    assert kept == Attempt(1, "w1", "GPU 0 (T4)", 100.0, device_class="t4")
+    # the stored start is what the end builds on only where no record is given
+    field = f"{task.key}:r{task.attempt}"
+    store.conn.hset(f"tessera:job:{job_id}:tiles", field, '{"attempt": 1, "worker": "other", '
+                    '"device": "x", "started_s": 1.0}')  # fmt: skip
+    records.ended(task, 102.5, "done", started=kept, render_s=2.0)
+    (row, *_) = records.rows(job_id)
+    assert row.attempts == [
+        Attempt(1, "w1", "GPU 0 (T4)", 100.0, 102.5, 2.0, outcome="done", device_class="t4")
+    ]
+    records.ended(task, 103.0, "done")  # read back: what is stored now
+    assert records.rows(job_id)[0].attempts[0].worker == "w1"
+
+
 def _row(frame: int, index: int, state: str, *attempts: Attempt) -> TaskRow:
     return TaskRow(frame, index, state, attempts[-1].attempt if attempts else 1, list(attempts))
 

@@ -10,7 +10,14 @@ import redis
 from farm import keys
 from farm.errors import NotFound, NoWorker
 from farm.queuewhy import explain, inspecting_kind, require_worker
-from farm.workerstate import WorkerInfo, WorkerRegistry, WorkerState, render_text, state_of
+from farm.workerstate import (
+    Reporter,
+    WorkerInfo,
+    WorkerRegistry,
+    WorkerState,
+    render_text,
+    state_of,
+)
 
 SILENT_S = 30.0
 RETENTION_S = 3600.0
@@ -60,6 +67,28 @@ def test_a_workers_task_counters_and_disabled_flag_as_read_back(
     registry.beat("s1", {**_identity(), "kind": "stream", "activity": "streaming"})
     assert registry.set_disabled("s1", True).state is WorkerState.DRAINING
     assert "w1" in render_text(registry.list())[1]
+
+
+def test_outcomes_counted_during_a_task_are_written_with_its_end(
+    registry: WorkerRegistry, rconn: redis.Redis
+) -> None:
+    registry.beat("w1", _identity())
+    report = Reporter(registry, "w1")
+    with report.activity("rendering", task="tile", job="j1", frame=1, tile=0):
+        report.count("done")
+        # not yet: the count goes with the end of the task, in its round trip
+        assert registry.list()[0].tiles_done_today == 0
+        assert registry.list()[0].state is WorkerState.RENDERING
+    w = registry.list()[0]
+    assert (w.state, w.job, w.tiles_done_today) == (WorkerState.IDLE, "", 1)
+    report.count("failed")  # outside a task: written at once
+    with report.activity("assembling", task="assembly", job="j1", frame=1):
+        report.count("done")
+        report.count("failed")
+    w = registry.list()[0]
+    assert (w.tiles_done_today, w.tiles_failed_today) == (2, 2)
+    day_keys = [k for k in rconn.keys("*") if "w1" in k and k != keys.worker("w1")]
+    assert day_keys and all(rconn.ttl(k) > 0 for k in day_keys)
 
 
 def test_a_silent_worker_shows_silent_and_one_gone_past_retention_is_trimmed(

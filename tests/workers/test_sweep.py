@@ -1,6 +1,7 @@
 """The worker's recovery sweep: what the job store's sweep found goes into the real rq queue on
 the test Redis, each tile attempt once, and one job's failed push neither stops the others nor
-is forgotten (issue #14 item 2)."""
+is forgotten (issue #14 item 2). Also the task records a worker's context writes around each
+task."""
 
 from __future__ import annotations
 
@@ -161,3 +162,22 @@ def test_a_tile_taken_by_a_worker_that_died_before_starting_it_is_queued_again(
     # the old attempt, were its task run after all, is stale; the new one starts
     assert ctx.store.start_tile(TileTask(job_id, 1, 0, 1)) == "stale"
     assert ctx.store.start_tile(again[0]) == "ok"
+
+
+def test_a_task_records_end_builds_on_its_own_start_only(ctx: WorkerContext) -> None:
+    """The context keeps the start it wrote last (no read at the end); an end of another task
+    (a sweep's, a failure after a restart) reads its own start back."""
+    job_id = _job(ctx)
+    first, second = TileTask(job_id, 1, 0, 1), TileTask(job_id, 1, 1, 1)
+    for task in (first, second):
+        assert ctx.store.start_tile(task) == "ok"
+    ctx.record(first)
+    ctx.records.started(second, "elsewhere", "GPU 1 (T4)", 5.0, "t4")  # another process's
+    ctx.record(second, "failed", cause="lost")
+    ctx.record(first, "done", render_s=1.5)
+    by_tile = {row.index: row.attempts for row in ctx.records.rows(job_id)}
+    assert [(a.worker, a.outcome) for a in by_tile[1]] == [("elsewhere", "failed")]
+    ((done,),) = [by_tile[0]]
+    assert (done.worker, done.device, done.outcome, done.render_s) == (
+        "sweeper", "the CPU", "done", 1.5)  # fmt: skip
+    assert done.ended_s is not None and done.ended_s >= done.started_s > 0
