@@ -22,11 +22,16 @@ def store(redis_url: str) -> JobStore:
     return JobStore(redis.Redis.from_url(redis_url, decode_responses=True))
 
 
-def test_records_live_beside_the_tiles_without_disturbing_the_state_machine(
-    store: JobStore, redis_url: str
-) -> None:
+@pytest.fixture
+def job_id(store: JobStore, redis_url: str) -> str:
+    """A submitted job of two frames of 2x1 tiles."""
     queue = RenderQueue(redis.Redis.from_url(redis_url), "cpu")
-    job_id = submit(queue.conn, store, queue, _spec(), [], scripts_blocked=False)
+    return submit(queue.conn, store, queue, _spec(), [], scripts_blocked=False)
+
+
+def test_records_live_beside_the_tiles_without_disturbing_the_state_machine(
+    store: JobStore, job_id: str
+) -> None:
     records = TaskRecords(store.conn)
     first = TileTask(job_id, 1, 0, 1)
     assert store.start_tile(first) == "ok"
@@ -54,10 +59,8 @@ def test_records_live_beside_the_tiles_without_disturbing_the_state_machine(
 
 
 def test_an_end_given_its_start_record_writes_it_whole_without_reading_it_back(
-    store: JobStore, redis_url: str
+    store: JobStore, job_id: str
 ) -> None:
-    queue = RenderQueue(redis.Redis.from_url(redis_url), "cpu")
-    job_id = submit(queue.conn, store, queue, _spec(), [], scripts_blocked=False)
     records = TaskRecords(store.conn)
     task = TileTask(job_id, 1, 0, 1)
     assert store.start_tile(task) == "ok"
