@@ -34,7 +34,7 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
     _prepare_scene(scene, width, height, session.saved["samples"] if samples is None else samples,
                    req.get("rect"))  # fmt: skip
     layers = _prepare_passes(scene, session.saved, req)
-    scene.cycles.device = cycles_device
+    _assign(scene.cycles, device=cycles_device)
     if session.threads > 0:
         _assign(scene.render, threads_mode="FIXED", threads=session.threads)
     else:
@@ -58,8 +58,7 @@ def render(session: Session, req: dict[str, Any]) -> dict[str, Any]:
         _assign(settings, media_type="IMAGE", file_format="OPEN_EXR", color_mode="RGBA")
     _assign(settings, color_depth="32", exr_codec="ZIP")
     tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex}.tmp.exr")
-    scene.render.filepath = str(tmp)
-    scene.render.use_file_extension = False
+    _assign(scene.render, filepath=str(tmp), use_file_extension=False)
     log("render", frame=req["frame"], rect=req.get("rect"), out=str(out_path))
     # With persistent data Cycles re-reads its settings only when the scene is tagged, and
     # setting add-on properties (scene.cycles.samples, device) alone does not tag it:
@@ -115,9 +114,10 @@ def file_settings(scene: Any) -> dict[str, Any]:
 
 
 def _assign(target: Any, **values: Any) -> None:
-    """Set each property that differs, in order. Setting a property runs its update callbacks
-    even when the value is the same: about 0.7 ms a tile for the scene's settings, which a kept
-    file mostly has already from the tile before."""
+    """Set each property that differs, in order: every setting a request makes goes through
+    here. Setting a property runs its update callbacks even when the value is the same: about
+    0.7 ms a tile for the scene's settings, which a kept file mostly has already from the tile
+    before."""
     for name, value in values.items():
         if getattr(target, name) != value:
             setattr(target, name, value)
@@ -164,7 +164,7 @@ def _prepare_passes(scene: Any, saved: dict[str, Any], req: dict[str, Any]) -> l
     cycles = scene.cycles
     subset = req.get("sample_subset")
     if subset is None:
-        cycles.use_sample_subset = False
+        _assign(cycles, use_sample_subset=False)
     else:
         offset, count = (int(v) for v in subset)
         if not (offset >= 0 and count >= 1 and offset + count <= cycles.samples):
@@ -172,14 +172,14 @@ def _prepare_passes(scene: Any, saved: dict[str, Any], req: dict[str, Any]) -> l
                 "bad_parameter",
                 f"sample subset {offset}+{count} is outside the {cycles.samples} samples",
             )
-        cycles.use_sample_subset = True
-        cycles.sample_offset = offset
-        cycles.sample_subset_length = count
+        _assign(cycles, use_sample_subset=True, sample_offset=offset,
+                sample_subset_length=count)  # fmt: skip
     adaptive = req.get("adaptive")
-    cycles.use_adaptive_sampling = saved.get("adaptive", False) if adaptive is None else adaptive
+    if adaptive is None:
+        adaptive = saved.get("adaptive", False)
+    _assign(cycles, use_adaptive_sampling=bool(adaptive))
     originals = saved.get("denoising_passes", {})
     for vl in scene.view_layers:
-        vl.cycles.denoising_store_passes = bool(req.get("denoise_data")) or originals.get(
-            vl.name, False
-        )
+        store = bool(req.get("denoise_data")) or bool(originals.get(vl.name, False))
+        _assign(vl.cycles, denoising_store_passes=store)
     return [vl.name for vl in scene.view_layers if vl.use]
