@@ -62,20 +62,27 @@ def place_file(
         src.unlink(missing_ok=True)
 
 
-def _copy_beside(src: Path, dest: Path) -> Path:
-    """A copy of ``src`` in ``dest``'s folder under a hidden temporary name."""
+def _temp_beside(dest: Path) -> tuple[int, Path]:
+    """A new empty file (its open descriptor, its path) in ``dest``'s folder under a hidden
+    temporary name: renamed onto ``dest`` once whole."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     except OSError as exc:
         raise write_error(exc, dest) from exc
+    return fd, Path(tmp)
+
+
+def _copy_beside(src: Path, dest: Path) -> Path:
+    """A copy of ``src`` in ``dest``'s folder under a hidden temporary name."""
+    fd, tmp = _temp_beside(dest)
     os.close(fd)
     try:
         shutil.copyfile(src, tmp)
         os.chmod(tmp, FILE_MODE)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise write_error(exc, dest) from exc
-    return Path(tmp)
+    return tmp
 
 
 class LocalStorage(Storage):
@@ -124,10 +131,9 @@ class LocalStorage(Storage):
         dest = self.path(check_key(key))
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
         except OSError as exc:
             raise write_error(exc, dest) from exc
-        tmp = Path(name)
+        fd, tmp = _temp_beside(dest)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
