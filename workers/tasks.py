@@ -83,7 +83,7 @@ class WorkerContext:
     tags: frozenset[str] = frozenset()
     tag_limits: dict[str, int] = field(default_factory=dict)
     #: the task record this worker wrote last as it started a task (see ``record``)
-    _started: tuple[TileTask, Attempt] | None = None
+    _started: tuple[TileTask, Attempt] | None = field(default=None, init=False, repr=False)
 
     @property
     def scratch(self) -> Path:
