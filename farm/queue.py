@@ -19,14 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import DequeueTimeout, StopRequested
+from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
-from rq.job import Job
+from rq.job import Job, JobStatus
+from rq.rate_limit import release_slot
 from rq.results import Result
 from rq.utils import as_text, backend_class, now
 from rq.worker import WorkerStatus
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from farm import keys, redisclient
+from farm.errors import QueueError
 from farm.models import BlendSource, TileTask
 from farm.redisclient import Redis, guard
 from farm.tags import band_suffix
@@ -63,13 +66,25 @@ def connect(url: str) -> Redis:
     return redisclient.connect(url, text=False)
 
 
+class _FarmQueue(Queue):
+    """rq's queue, refusing rq's dependencies between tasks: the farm's worker finishes a task
+    without reading what depends on it (``_FarmWorker.handle_job_success``). A job's
+    dependencies on other jobs are the farm's own (``farm.dependencies``), never rq's."""
+
+    def create_job(self, *args: Any, **kwargs: Any) -> Job:
+        if kwargs.get("depends_on") or (len(args) > 8 and args[8]):  # (rq: keyword or 9th)
+            raise QueueError("the farm's queues take no rq dependencies between tasks "
+                             "(a job waits for others through farm.dependencies)")  # fmt: skip
+        return super().create_job(*args, **kwargs)
+
+
 class RenderQueue:
     """The queue of one device class (``cpu``, ``gpu``, later ``t4``, ``l4``...)."""
 
     def __init__(self, conn: Redis, device_class: str) -> None:
         self.conn = conn
         self.device_class = device_class
-        self.queue = Queue(keys.render_queue(device_class), connection=conn)
+        self.queue = _FarmQueue(keys.render_queue(device_class), connection=conn)
         self.bands_key = keys.render_bands(device_class)
         self._wake = conn.register_script(_WAKE)
         self._move = conn.register_script(_MOVE)
@@ -80,7 +95,7 @@ class RenderQueue:
         of the set look into them, see ``_PICK``)."""
         if not priority and not tags:
             return self.queue
-        return Queue(f"{self.queue.name}-p{priority}{band_suffix(tags)}", connection=self.conn)
+        return _FarmQueue(f"{self.queue.name}-p{priority}{band_suffix(tags)}", connection=self.conn)
 
     def stage_tiles(
         self,
@@ -416,7 +431,7 @@ class Picker:
     slot_lease_s: float = 15.0
 
 
-class _BandedQueue(Queue):
+class _BandedQueue(_FarmQueue):
     """rq's queue with the farm's dequeue: one worker listens to its class's queue only (so
     rq keeps its reliable dequeue and intermediate-list bookkeeping), and each take looks at
     the class's priority bands first (``_PICK``), in one step."""
@@ -559,6 +574,8 @@ class _FarmWorker(SimpleWorker):
     _state_written: str | None = None
     #: when (``clock``) it last asked whether rq's workers are suspended
     _suspension_checked = -math.inf
+    #: the execution's record, written with the task's start (prepare_job_execution)
+    _held: Pipeline | None = None
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -600,6 +617,65 @@ class _FarmWorker(SimpleWorker):
         super().set_state(state, pipeline)
         # a write in a caller's pipeline lands when the caller executes it, or never
         self._state_written = state if pipeline is None else None
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """rq's (the task's execution record, the worker busy), held for the task's start
+        (``prepare_job_execution``) to send in the same transaction: rq sends the two back to
+        back, a round trip apart."""
+        pipe = self.connection.pipeline()
+        execution = Execution.create(job, self.get_heartbeat_ttl(job), pipeline=pipe,
+                                     worker_name=self.name)  # fmt: skip
+        self.executions[execution.id] = execution
+        self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+        self._held = pipe
+        return execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """rq's (the beats, the task started, out of the intermediate list), with the
+        execution's record ``prepare_execution`` held, in one transaction."""
+        held, self._held = self._held, None
+        if held is None:
+            super().prepare_job_execution(job, remove_from_intermediate_queue)
+            return
+        with held as pipe:
+            ttl = self.get_heartbeat_ttl(job)
+            self.heartbeat(ttl, pipeline=pipe)
+            job.heartbeat(now(), ttl, pipeline=pipe)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            pipe.persist(job.key)
+            if remove_from_intermediate_queue:
+                origin = Queue(job.origin, connection=self.connection)
+                pipe.lrem(origin.intermediate_queue_key, 1, job.id)
+            pipe.execute()
+        self._state_written = WorkerStatus.BUSY
+        self.procline(f"Processing {job.func_name} from {job.origin} since {time.time()}")  # type: ignore[no-untyped-call]
+
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: Any, execution: Execution
+    ) -> None:
+        """rq's, in one transaction with the worker's return to idle and its idle beat (rq
+        writes each in a round trip of its own as it takes the next task), and without reading
+        what depends on the task (rq's WATCH and SMEMBERS of its dependents, two round trips):
+        the farm's queues refuse rq dependencies (``_FarmQueue``). A task whose result rq is to
+        keep, that repeats or that is rate-limited is rq's."""
+        if (job.get_result_ttl(self.default_result_ttl) != 0 or job.repeats_left is not None
+                or job.has_rate_limit):  # fmt: skip
+            super().handle_job_success(job, queue, started_job_registry, execution)
+            return
+        assert job.started_at is not None and job.ended_at is not None
+        with self.connection.pipeline() as pipe:
+            self.increment_successful_job_count(pipeline=pipe)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            job.cleanup(0, pipeline=pipe, remove_from_queue=False)
+            job._status = JobStatus.FINISHED
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            self.heartbeat(pipeline=pipe)
+            pipe.execute()
+        self._state_written = WorkerStatus.IDLE
+        release_slot(job)
+        self.log.info("Successfully completed job %s in %ss on worker %s", job.id,
+                      job.ended_at - job.started_at, self.name)  # fmt: skip
 
     def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
         """rq's, with the task's beat only where a callback is to run: the beat gives the
