@@ -27,6 +27,7 @@ from farm import keys, redisclock, sandbox, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
+from farm.alloc.renewals import Renewals
 from farm.errors import BadParameter, DeviceUnavailable, FarmError, NeverFits, NoCapacity, NotFound
 from farm.gpu.factory import open_nvml
 from farm.gpu.types import Nvml
@@ -67,6 +68,8 @@ class StreamService:
         self.started = time.time()
         self.conn: Redis | None = None
         self.allocator: SlotAllocator | None = None
+        #: the sessions' lease renewals, one call a tick for all of them
+        self.renewals: Renewals | None = None
         self.agent: DeviceAgent | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         #: megapixels a second the device encodes (configured, or measured at start)
@@ -86,6 +89,7 @@ class StreamService:
         # on the clock the workers page reads its age with (farm.redisclock)
         self.started = await asyncio.to_thread(redisclock.now, self.conn)
         self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
+        self.renewals = Renewals(self.allocator)
         self.agent = self._make_agent(self.allocator)
         await asyncio.to_thread(self.agent.start)
         if self.encode_mpx_s <= 0:
@@ -258,7 +262,7 @@ class StreamService:
         session = StreamSession(
             app, self.device, lease, self._allocator(), self.settings,
             ice_servers=lambda user: ice_servers(self.settings, user),
-            on_ended=self._ended, project=project, owner=owner,
+            on_ended=self._ended, project=project, owner=owner, renewals=self.renewals,
         )  # fmt: skip
         self.sessions[session.id] = session
         await session.start()

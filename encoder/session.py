@@ -31,6 +31,7 @@ from encoder.xinput import XInput
 from farm import metrics, redisclock
 from farm.alloc.allocator import Lease, SlotAllocator
 from farm.alloc.devices import Device
+from farm.alloc.renewals import Renewals
 from farm.errors import BadParameter, FarmError, IllegalTransition, LeaseLost, NotFound
 from farm.settings import Settings
 from farm.storage.factory import farm_storage
@@ -82,10 +83,13 @@ class StreamSession:
         project: str = "",
         owner: str = "",
         session_id: str | None = None,
+        renewals: Renewals | None = None,
     ) -> None:
         self.id = session_id or uuid.uuid4().hex[:16]
         self.app, self.device, self.lease = app, device, lease
         self.allocator, self.settings = allocator, settings
+        #: the service's renewals (its sessions' leases renewed in one call a tick), or its own
+        self.renewals = renewals or Renewals(allocator)
         self.ice_servers = ice_servers
         self.on_ended = on_ended
         self.project, self.owner = project, owner
@@ -336,11 +340,10 @@ class StreamSession:
         self.on_ended(self)
 
     async def _renew(self) -> None:
-        every_s = self.allocator.ttl_ms / 1000 / 3
         while True:
-            await asyncio.sleep(every_s)
+            await self.renewals.next_tick()
             try:
-                self.lease = await asyncio.to_thread(self.allocator.renew, self.lease)
+                self.lease = await self.renewals.renew(self.lease)
             except LeaseLost as exc:
                 self.end_soon(f"lease lost: {exc.fields.get('why', exc.message)}")
                 return

@@ -142,6 +142,7 @@ class SlotAllocator:
         self.clock_ms = clock_ms
         self._acquire = scripts.LIBRARY.bind(conn, "acquire")
         self._renew = scripts.LIBRARY.bind(conn, "renew")
+        self._renew_many = scripts.LIBRARY.bind(conn, "renew_many")
         self._release = scripts.LIBRARY.bind(conn, "release")
         self._check = scripts.LIBRARY.bind(conn, "check")
         self._register = scripts.LIBRARY.bind(conn, "register")
@@ -233,11 +234,46 @@ class SlotAllocator:
             delay = min(delay * 2, 1.0)
 
     def renew(self, lease: Lease) -> Lease:
-        reply = guard(self._renew, args=[self._now(), lease.id, lease.token, self.ttl_ms])
-        if _text(reply[0]) != "ok":
-            why = _text(reply[1])
-            raise LeaseLost(f"lease on {lease.device} lost: {why}", lease=lease.id, why=why)
-        return Lease(lease.id, lease.holder, lease.kind, lease.device, lease.token, int(reply[1]))
+        pipe = self.conn.pipeline(transaction=False)
+        renewed = self.renew_in(pipe, lease)
+        return renewed(guard(pipe.execute, raise_on_error=False)[0])
+
+    def renew_in(self, pipe: Any, lease: Lease) -> Callable[[Any], Lease]:
+        """``renew`` sent with ``pipe`` (``Function.queue``: one round trip with the
+        pipeline's other calls); the function returned turns the pipeline's reply for it into
+        the renewed lease, or raises what ``renew`` raises."""
+        args = [self._now(), lease.id, lease.token, self.ttl_ms]
+        self._renew.queue(pipe, args=args)
+
+        def renewed(value: Any) -> Lease:
+            reply = guard(self._renew.reply, value, args=args)
+            outcome = self._renewed(lease, _text(reply[0]), reply[1])
+            if isinstance(outcome, LeaseLost):
+                raise outcome
+            return outcome
+
+        return renewed
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[Lease | LeaseLost]:
+        """Renew ``leases`` in one call (one round trip, however many): for each, in order, the
+        renewed lease or the LeaseLost ``renew`` would raise. A process holding many leases
+        (a stream service's sessions) renews them so."""
+        if not leases:
+            return []
+        args: list[Any] = [self._now(), self.ttl_ms]
+        for lease in leases:
+            args += [lease.id, lease.token]
+        reply = guard(self._renew_many, args=args)
+        out: list[Lease | LeaseLost] = []
+        for lease, status, value in zip(leases, reply[::2], reply[1::2], strict=True):
+            out.append(self._renewed(lease, _text(status), value))
+        return out
+
+    def _renewed(self, lease: Lease, status: str, value: Any) -> Lease | LeaseLost:
+        if status != "ok":
+            why = _text(value)
+            return LeaseLost(f"lease on {lease.device} lost: {why}", lease=lease.id, why=why)
+        return Lease(lease.id, lease.holder, lease.kind, lease.device, lease.token, int(value))
 
     def release(self, lease: Lease) -> bool:
         return bool(guard(self._release, args=[lease.id, lease.token, self._now()]))

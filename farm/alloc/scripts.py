@@ -212,6 +212,28 @@ local function reap_device(d, now)
   end
 end
 
+-- Extend a lease held with this token by ``ttl`` ms from ``now``: {'ok', expires}, or
+-- {'gone', why} (ended already, expired, its device's agents silent: then it ends here)
+local function renew(id, token, now, ttl)
+  local lk = keys.lease(id)
+  local l = redis.call('HMGET', lk, 'token', 'expires', 'device')
+  if not l[1] or l[1] ~= token then
+    return {'gone', redis.call('GET', keys.lease_gone(id)) or 'unknown lease'}
+  end
+  if tonumber(l[2]) < now then
+    free(id, 'expired', now)
+    return {'gone', 'expired'}
+  end
+  if tonumber(redis.call('HGET', keys.device(l[3]), 'alive_until') or '0') < now then
+    free(id, DEAD, now)
+    return {'gone', DEAD}
+  end
+  local expires = now + ttl
+  redis.call('HSET', lk, 'expires', expires)
+  redis.call('ZADD', keys.LEASE_EXPIRY, expires, id)
+  return {'ok', expires}
+end
+
 -- work in proportion to what expired since the last call, never to the farm's size
 local function reclaim(now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', keys.LEASE_EXPIRY, '-inf', now,
@@ -448,24 +470,20 @@ return {'ok', best, token, expires, revoked}
 
 # ARGV: now|'', lease_id, token, ttl_ms   -> {'ok', expires} | {'gone', why}
 _RENEW = r"""
-local now = clock(ARGV[1])
-local lk = keys.lease(ARGV[2])
-local l = redis.call('HMGET', lk, 'token', 'expires', 'device')
-if not l[1] or l[1] ~= ARGV[3] then
-  return {'gone', redis.call('GET', keys.lease_gone(ARGV[2])) or 'unknown lease'}
+return renew(ARGV[2], ARGV[3], clock(ARGV[1]), tonumber(ARGV[4]))
+"""
+
+# ARGV: now|'', ttl_ms, then lease_id, token for each lease (a process's leases renewed in one
+# call: a stream service's sessions)   -> {status, expires | why} for each, flat, in order
+_RENEW_MANY = r"""
+local now, ttl = clock(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 3, #ARGV, 2 do
+  local r = renew(ARGV[i], ARGV[i + 1], now, ttl)
+  out[#out + 1] = r[1]
+  out[#out + 1] = r[2]
 end
-if tonumber(l[2]) < now then
-  free(ARGV[2], 'expired', now)
-  return {'gone', 'expired'}
-end
-if tonumber(redis.call('HGET', keys.device(l[3]), 'alive_until') or '0') < now then
-  free(ARGV[2], DEAD, now)
-  return {'gone', DEAD}
-end
-local expires = now + tonumber(ARGV[4])
-redis.call('HSET', lk, 'expires', expires)
-redis.call('ZADD', keys.LEASE_EXPIRY, expires, ARGV[2])
-return {'ok', expires}
+return out
 """
 
 # ARGV: lease_id, token, now|''   -> 1 released | 0 not held
@@ -610,8 +628,8 @@ return 1
 LIBRARY = Library(
     "alloc",
     PRELUDE,
-    {"acquire": _ACQUIRE, "renew": _RENEW, "release": _RELEASE, "check": _CHECK,
-     "snapshot": _SNAPSHOT, "register": _REGISTER},
+    {"acquire": _ACQUIRE, "renew": _RENEW, "renew_many": _RENEW_MANY, "release": _RELEASE,
+     "check": _CHECK, "snapshot": _SNAPSHOT, "register": _REGISTER},
 )  # fmt: skip
 
 # ARGV: project, the id of the newest raw entry to roll up (ms), limit
