@@ -94,6 +94,26 @@ class Function:
             return self._as_script(keys, args)
         return self.conn.fcall(self.name, len(keys), *keys, *args)
 
+    def queue(self, pipe: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
+        """Send this call with ``pipe`` (a pipeline of this client's server, executed with
+        ``raise_on_error=False``): one round trip with the pipeline's other calls. Read its
+        reply with ``reply``."""
+        if self._functions:
+            pipe.fcall(self.name, len(keys), *keys, *args)
+        else:
+            self._script(keys=keys, args=args, client=pipe)
+
+    def reply(self, value: Any, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        """The reply of a call sent with ``queue``: where the server lacked the library (it
+        did not run), the call made again on its own, which loads it; another refusal is
+        raised."""
+        if isinstance(value, redis.ResponseError):
+            why = str(value).lower()
+            if _no_functions(value) or "function not found" in why:
+                return self(keys, args)
+            raise value
+        return value
+
     def _as_script(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         self._functions = False
         return self._script(keys=keys, args=args)

@@ -39,7 +39,7 @@ from farm.errors import (
 from farm.jobstore import JobStore
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.queue import RenderQueue, live_worker_names
-from farm.redisclient import Redis
+from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from farm.states import JobState
 from farm.storage.base import Storage
@@ -435,15 +435,8 @@ def _store_tile(ctx: WorkerContext, task: TileTask, scratch: Path, renewal: _Ren
     the device's leases renewed meanwhile: it costs time, never an attempt."""
 
     def keep() -> None:
-        try:
-            renewal.lease = ctx.allocator.renew(renewal.lease)
-        except LeaseLost as exc:
-            renewal.lost = str(exc.fields.get("why", exc.message))
-            raise
-        if not ctx.store.touch_tile(task):
-            renewal.lost = "the tile was taken over"
-            raise LeaseLost(renewal.lost)
-        tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
+        renewal.renew()
+        renewal.check()
 
     key = tile_key(task.job_id, task.frame, task.index, task.attempt)
     retry_storage(lambda: ctx.storage.move_in(key, scratch), budget_s=ctx.settings.storage_retry_s,
@@ -593,16 +586,31 @@ class _Renewal:
         if self.lost is not None:
             raise LeaseLost(f"lease lost: {self.lost}")
 
+    def renew(self) -> None:
+        """Renew the device's lease and the tile's in one round trip (and the tile's tag
+        slots, where its job has limited tags); ``lost`` says why where either is gone. A tile
+        whose device lease is lost is still touched by the same round trip: it fails at once
+        here, and were the worker to die first the sweep would find it one lease period
+        later. FarmError where Redis is away."""
+        ctx, task = self.ctx, self.task
+        pipe = ctx.conn.pipeline(transaction=False)
+        renewed = ctx.allocator.renew_in(pipe, self.lease)
+        touched = ctx.store.touch_tile_in(pipe, task)
+        replies = guard(pipe.execute, raise_on_error=False)
+        try:
+            self.lease = renewed(replies[0])
+        except LeaseLost as exc:
+            self.lost = str(exc.fields.get("why", exc.message))
+            return
+        if not touched(replies[1]):
+            self.lost = "the tile was taken over"
+            return
+        tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
+
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                self.lease = self.ctx.allocator.renew(self.lease)
-                if not self.ctx.store.touch_tile(self.task):
-                    self.lost = "the tile was taken over"
-                tagslots.renew(self.ctx.conn, self.ctx.tag_limits, self.task.rq_id,
-                               self.ctx.store.tile_lease_s)  # fmt: skip
-            except LeaseLost as exc:
-                self.lost = str(exc.fields.get("why", exc.message))
+                self.renew()
             except FarmError as exc:
                 log.warning(
                     "event=renew_failed job=%s frame=%d tile=%d error=%r",

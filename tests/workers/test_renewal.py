@@ -1,0 +1,111 @@
+"""A rendering tile's renewal: its device's lease and the tile's own in one round trip to the
+test Redis, and what the worker learns when either is gone."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.connection
+
+from farm import jobstore, keys, queue
+from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
+from farm.alloc.devices import Device
+from farm.models import BlendSource, JobSpec, TileTask
+from farm.settings import Settings
+from farm.storage.local import LocalStorage
+from farm.submission import submit
+from workers.child import BlenderChild
+from workers.tasks import WorkerContext, _Renewal
+
+OFFER = DeviceOffer("cpu-renewal", "cpu", "test CPU", 4096, 0, 1)
+RENDER = Request("render", vram_mib=10, render_slots=1, device_ids=(OFFER.id,))
+
+
+@pytest.fixture
+def ctx(redis_url: str, tmp_path: Path) -> WorkerContext:
+    """A worker's context on the test Redis; its Blender child is never started."""
+    settings = Settings(redis_url=redis_url, work_dir=tmp_path / "work", python=sys.executable)
+    conn = jobstore.connect(redis_url)
+    allocator = SlotAllocator(conn, ttl_s=30)
+    allocator.register("agent-renewal", "host-renewal", [OFFER], ttl_s=3600)
+    return WorkerContext(
+        settings=settings,
+        name="renewer",
+        conn=conn,
+        store=jobstore.JobStore(conn, tile_lease_s=30),
+        queue=queue.RenderQueue(queue.connect(redis_url), "cpu"),
+        storage=LocalStorage(tmp_path / "storage"),
+        child=BlenderChild.for_settings(settings, "renewer"),
+        allocator=allocator,
+        device=Device(OFFER.id, "host-renewal", None, "cpu", "cpu", 4096, 0, 1),
+    )
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Commands (or pipelines) sent to Redis, by the name of the thread that sent them."""
+    sent: Counter[str] = Counter()
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(
+        self: redis.connection.AbstractConnection, command: object, check_health: bool = True
+    ) -> None:
+        sent[threading.current_thread().name] += 1
+        send(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    yield sent
+
+
+def _rendering(ctx: WorkerContext) -> tuple[TileTask, Lease]:
+    source = BlendSource("path", "/nowhere/scene.blend", "0" * 64, "scene.blend")
+    spec = JobSpec(source, (1,), "1x1", 64, 32, "/tmp/out")
+    job_id = submit(ctx.queue.conn, ctx.store, ctx.queue, spec, [], scripts_blocked=False)
+    task = TileTask(job_id, 1, 0, 1)
+    assert ctx.store.start_tile(task) == "ok"
+    return task, ctx.allocator.acquire("renewer", RENDER)
+
+
+def _deadline(ctx: WorkerContext, task: TileTask) -> float:
+    return float(ctx.conn.hget(keys.tiles(task.job_id), f"{task.key}:d") or 0)
+
+
+def test_a_renewal_renews_both_leases_in_one_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    task, lease = _rendering(ctx)
+    renewal = _Renewal(ctx, task, lease)
+    ctx.conn.hset(keys.tiles(task.job_id), f"{task.key}:d", 0)
+    time.sleep(0.01)  # a later expiry on Redis's clock (ms)
+
+    me = threading.current_thread().name
+    before = round_trips[me]
+    renewal.renew()
+    assert round_trips[me] - before == 1
+    assert renewal.lost is None
+    assert renewal.lease.expires_ms > lease.expires_ms
+    assert _deadline(ctx, task) > 0
+
+
+def test_a_lost_lease_or_a_tile_taken_over_is_what_the_worker_learns(
+    ctx: WorkerContext,
+) -> None:
+    task, lease = _rendering(ctx)
+    # another attempt of the tile is the one rendering now
+    taken = _Renewal(ctx, TileTask(task.job_id, task.frame, task.index, 2), lease)
+    taken.renew()
+    assert taken.lost == "the tile was taken over"
+
+    ctx.allocator.release(lease)
+    gone = _Renewal(ctx, task, lease)
+    gone.renew()
+    assert gone.lost == "unknown lease"
+    with pytest.raises(Exception, match="lease lost: unknown lease"):
+        gone.check()
