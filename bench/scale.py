@@ -17,8 +17,9 @@ work are simulated:
   lease period / 3, commits the tile (fenced), releases the lease; a frame's last tile queues
   its assembly (claim, then finish). Every worker runs the recovery sweep every lease period.
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
-  placed by the allocator (an unpinned request over every class), renewed every lease
-  period / 3; the farm starts with the steady-state population (``--streams-per-device``).
+  placed by the allocator (an unpinned request over every class); the stream service of each
+  device renews its sessions' leases in one call every lease period / 3 (``renew_many``); the
+  farm starts with the steady-state population (``--streams-per-device``).
 - **jobs** are submitted (10 frames of 2x2 tiles) whenever fewer tiles wait than there are
   devices, so workers are never starved; ``--priority-share`` of them have a priority.
 
@@ -144,6 +145,8 @@ class Farm:
         self.devices = [d for _, _, offers in self.hosts for d in offers]
         self.specs: dict[str, JobSpec] = {}
         self.streams = 0
+        # the sessions each device's stream service holds: lease id -> lease
+        self.sessions: dict[str, dict[str, Lease]] = defaultdict(dict)
         # each device's rq worker, and the execution and queue of the task it runs
         self.workers: dict[str, queue._FarmWorker] = {}
         self.running: dict[str, tuple[Any, Queue]] = {}
@@ -284,6 +287,18 @@ class Farm:
         self.fig.timed("rq_finish", _rq_finish, worker, job, q, execution)
         self.at(0.0, lambda: self.worker_idle(device))
 
+    def _renew_both(self, lease: Lease, task: TileTask) -> Lease:
+        """A render worker's renewal (workers.tasks._Renewal.renew): the device's lease and the
+        tile's in one round trip."""
+        pipe = self.conn.pipeline(transaction=False)
+        renewed = self.alloc.renew_in(pipe, lease)
+        touched = self.store.touch_tile_in(pipe, task)
+        replies = pipe.execute(raise_on_error=False)
+        lease = renewed(replies[0])
+        if not touched(replies[1]):
+            raise SystemExit(f"a tile was taken over in a farm where nothing dies: {task}")
+        return lease
+
     def _renew_tile(
         self, device: DeviceOffer, job: Job, task: TileTask, lease: Lease, end_ms: int
     ) -> None:
@@ -291,8 +306,7 @@ class Farm:
         if self.now_ms + every_ms < end_ms:
 
             def renew() -> None:
-                renewed = self.fig.timed("renew", self.alloc.renew, lease)
-                self.fig.timed("touch_tile", self.store.touch_tile, task)
+                renewed = self.fig.timed("renew", self._renew_both, lease, task)
                 self._renew_tile(device, job, task, renewed, end_ms)
 
             self.at(every_ms / 1000, renew)
@@ -330,25 +344,34 @@ class Farm:
         )
         request = Request("stream", vram_mib=STREAM_VRAM_MIB, encoder_sessions=1)
         lease = self.fig.timed("acquire", self.alloc.try_acquire, "stream", request)
-        if lease is not None:
-            self.streams += 1
-            self._renew_stream(lease, self.now_ms + int(life * 1000))
-
-    def _renew_stream(self, lease: Lease, end_ms: int) -> None:
-        every_ms = int(LEASE_TTL_S / 3 * 1000)
-        if self.now_ms + every_ms < end_ms:
-
-            def renew() -> None:
-                self._renew_stream(self.fig.timed("renew", self.alloc.renew, lease), end_ms)
-
-            self.at(every_ms / 1000, renew)
+        if lease is None:
             return
+        self.streams += 1
+        sessions = self.sessions[lease.device]
+        if not sessions:
+            # the device's stream service renews its sessions' leases together, at its own tick
+            # (farm.alloc.renewals), out of phase with the other services'
+            every_s = LEASE_TTL_S / 3
+            self.at(self.rng.uniform(0, every_s), lambda: self._renew_streams(lease.device))
+        sessions[lease.id] = lease
 
         def end() -> None:
-            self.fig.timed("release", self.alloc.release, lease)
+            self.fig.timed("release", self.alloc.release, sessions.pop(lease.id))
             self.streams -= 1
 
-        self.at(max(0, end_ms - self.now_ms) / 1000, end)
+        self.at(life, end)
+
+    def _renew_streams(self, device: str) -> None:
+        """One tick of a stream service: its sessions' leases in one call (none: it stops)."""
+        sessions = self.sessions[device]
+        if not sessions:
+            return
+        renewed = self.fig.timed("renew", self.alloc.renew_many, list(sessions.values()))
+        for lease in renewed:
+            if not isinstance(lease, Lease):
+                raise SystemExit(f"a stream lost its lease in a farm where nothing dies: {lease}")
+            sessions[lease.id] = lease
+        self.at(LEASE_TTL_S / 3, lambda: self._renew_streams(device))
 
     def stream_arrivals(self, rate_per_s: float) -> None:
         self.stream_arrives()
