@@ -8,7 +8,9 @@ first reads its status and its executions, a beat on every call rq makes, ``rq s
 asked before every take, the worker's state written again when unchanged, the task's beat as
 it returns (for a callback the farm's tasks do not have), registry maintenance by every
 worker each interval (bench/scale.py shows what that costs a large farm; a block here is too
-short). Each round runs a block of trivial tasks (``builtins.len``) through a burst
+short), the execution's record and the task's start in two transactions, the success's WATCH
+and read of the task's dependents, and the return to idle and its beat each in a round trip
+of its own. Each round runs a block of trivial tasks (``builtins.len``) through a burst
 worker of each arm, in alternating order; per task it measures the worker's round trips, the
 Redis commands and Redis CPU (``INFO``), and the wall time. A block counts only where every
 task ran (the queue empty, nothing failed).
@@ -48,7 +50,8 @@ FIGURES = ("round_trips", "commands", "redis_cpu_us", "wall_ms")
 class _RqBookkeeping(farmqueue._FarmWorker):
     """The farm's worker with rq's bookkeeping: a (pipelined) beat on every call rq makes, the
     suspension asked before every take, every state written, the task's beat as it returns,
-    rq's maintenance lock; built with rq's Job (its delete)."""
+    rq's maintenance lock, the execution's record and the task's start in two transactions,
+    the success read its dependents and go idle apart; built with rq's Job (its delete)."""
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
@@ -69,6 +72,16 @@ class _RqBookkeeping(farmqueue._FarmWorker):
 
     def clean_registries(self) -> None:
         SimpleWorker.clean_registries(self)  # type: ignore[no-untyped-call]
+
+    def prepare_execution(self, job: Job) -> Any:
+        return SimpleWorker.prepare_execution(self, job)
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        SimpleWorker.prepare_job_execution(self, job, remove_from_intermediate_queue)
+
+    def handle_job_success(self, job: Job, queue: Any, started_job_registry: Any,
+                           execution: Any) -> None:  # fmt: skip
+        SimpleWorker.handle_job_success(self, job, queue, started_job_registry, execution)
 
 
 class _RqFetch(farmqueue._BandedQueue):
