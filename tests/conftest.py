@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
+import threading
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import redis.connection
 
 from farm.redisserver import RedisServer
 
@@ -69,6 +72,22 @@ def rconn(redis_url: str) -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(redis_url, decode_responses=True)
     yield conn
     conn.close()
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Commands (or pipelines) sent to Redis, by the name of the thread that sent them."""
+    sent: Counter[str] = Counter()
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(
+        self: redis.connection.AbstractConnection, command: object, check_health: bool = True
+    ) -> None:
+        sent[threading.current_thread().name] += 1
+        send(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    yield sent
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -30,22 +30,6 @@ TASKS = 40
 #: rq 3's own worker made 21 round trips per task of these (measured with the counter below);
 #: the farm's makes 3 (the pick, the start, the success) and the worker's start and end
 MOST_ROUND_TRIPS_PER_TASK = 4
-
-
-@pytest.fixture
-def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Commands (or pipelines) sent to Redis, by the name of the thread that sent them."""
-    sent: Counter[str] = Counter()
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(
-        self: redis.connection.AbstractConnection, command: object, check_health: bool = True
-    ) -> None:
-        sent[threading.current_thread().name] += 1
-        send(self, command, check_health)  # type: ignore[no-untyped-call]
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-    yield sent
 
 
 def test_a_task_costs_a_fifth_of_the_round_trips_of_rqs_worker_and_leaves_nothing_behind(

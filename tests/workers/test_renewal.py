@@ -7,12 +7,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-import redis.connection
 
 from farm import jobstore, keys, queue
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
@@ -46,22 +43,6 @@ def ctx(redis_url: str, tmp_path: Path) -> WorkerContext:
         allocator=allocator,
         device=Device(OFFER.id, "host-renewal", None, "cpu", "cpu", 4096, 0, 1),
     )
-
-
-@pytest.fixture
-def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Commands (or pipelines) sent to Redis, by the name of the thread that sent them."""
-    sent: Counter[str] = Counter()
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(
-        self: redis.connection.AbstractConnection, command: object, check_health: bool = True
-    ) -> None:
-        sent[threading.current_thread().name] += 1
-        send(self, command, check_health)  # type: ignore[no-untyped-call]
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-    yield sent
 
 
 def _rendering(ctx: WorkerContext) -> tuple[TileTask, Lease]:
