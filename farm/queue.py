@@ -22,7 +22,6 @@ from rq.exceptions import DequeueTimeout, StopRequested
 from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
-from rq.rate_limit import release_slot
 from rq.results import Result
 from rq.utils import as_text, backend_class, now
 from rq.worker import WorkerStatus
@@ -673,7 +672,6 @@ class _FarmWorker(SimpleWorker):
             self.heartbeat(pipeline=pipe)
             pipe.execute()
         self._state_written = WorkerStatus.IDLE
-        release_slot(job)
         self.log.info("Successfully completed job %s in %ss on worker %s", job.id,
                       job.ended_at - job.started_at, self.name)  # fmt: skip
 
