@@ -147,6 +147,8 @@ class Farm:
         self.streams = 0
         # the sessions each device's stream service holds: lease id -> lease
         self.sessions: dict[str, dict[str, Lease]] = defaultdict(dict)
+        # the devices whose stream service's renewal tick is scheduled
+        self.ticking: set[str] = set()
         # each device's rq worker, and the execution and queue of the task it runs
         self.workers: dict[str, queue._FarmWorker] = {}
         self.running: dict[str, tuple[Any, Queue]] = {}
@@ -348,9 +350,10 @@ class Farm:
             return
         self.streams += 1
         sessions = self.sessions[lease.device]
-        if not sessions:
+        if lease.device not in self.ticking:
             # the device's stream service renews its sessions' leases together, at its own tick
             # (farm.alloc.renewals), out of phase with the other services'
+            self.ticking.add(lease.device)
             every_s = LEASE_TTL_S / 3
             self.at(self.rng.uniform(0, every_s), lambda: self._renew_streams(lease.device))
         sessions[lease.id] = lease
@@ -365,6 +368,7 @@ class Farm:
         """One tick of a stream service: its sessions' leases in one call (none: it stops)."""
         sessions = self.sessions[device]
         if not sessions:
+            self.ticking.discard(device)
             return
         renewed = self.fig.timed("renew", self.alloc.renew_many, list(sessions.values()))
         for lease in renewed:
