@@ -68,6 +68,25 @@ def test_a_functions_own_error_is_its_reply_not_a_missing_library(rconn: redis.R
     assert library.name in _libraries(rconn)
 
 
+def test_calls_sent_with_a_pipeline_load_a_missing_library_and_keep_their_errors(
+    rconn: redis.Redis,
+) -> None:
+    """A worker's renewal sends two libraries' calls in one pipeline: a call that missed its
+    library is made again on its own (which loads it), once; a function's own error is raised."""
+    rconn.function_flush()
+    library = _library(1)
+    bump, refuse = library.bind(rconn, "bump"), library.bind(rconn, "refuse")
+    for expected in (1, 2):
+        pipe = rconn.pipeline(transaction=False)
+        bump.queue(pipe, keys=["n"])
+        refuse.queue(pipe)
+        first, second = pipe.execute(raise_on_error=False)
+        assert bump.reply(first, keys=["n"]) == expected
+        with pytest.raises(redis.ResponseError, match="no room"):
+            refuse.reply(second)
+    assert library.name in _libraries(rconn)
+
+
 @pytest.fixture(scope="module")
 def no_functions_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server that answers FUNCTION and FCALL as Redis 6 does: unknown commands."""
