@@ -253,17 +253,18 @@ class JobStore:
 
     def touch_tile(self, task: TileTask) -> bool:
         """Renew a rendering tile's lease; False when it is no longer ours."""
-        pipe = self.conn.pipeline(transaction=False)
-        touched = self.touch_tile_in(pipe, task)
-        return touched(self._call(pipe.execute, raise_on_error=False)[0])
+        return bool(self._run(self._touch, *self._touch_call(task)))
 
     def touch_tile_in(self, pipe: Any, task: TileTask) -> Callable[[Any], bool]:
         """``touch_tile`` sent with ``pipe`` (one round trip with its other calls, a worker's
         lease renewal); the function returned reads the pipeline's reply for it."""
-        tiles_key = [keys.tiles(task.job_id)]
-        args = [task.key, task.attempt, self.clock() + self.tile_lease_s, task.job_id]
+        tiles_key, args = self._touch_call(task)
         self._touch.queue(pipe, tiles_key, args)
         return lambda value: bool(self._call(self._touch.reply, value, tiles_key, args))
+
+    def _touch_call(self, task: TileTask) -> tuple[list[str], list[Any]]:
+        deadline = self.clock() + self.tile_lease_s
+        return [keys.tiles(task.job_id)], [task.key, task.attempt, deadline, task.job_id]
 
     def finish_tile(
         self, task: TileTask, tiles_per_frame: int, lease_id: str = "", lease_token: int = 0

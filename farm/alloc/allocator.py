@@ -234,25 +234,25 @@ class SlotAllocator:
             delay = min(delay * 2, 1.0)
 
     def renew(self, lease: Lease) -> Lease:
-        pipe = self.conn.pipeline(transaction=False)
-        renewed = self.renew_in(pipe, lease)
-        return renewed(guard(pipe.execute, raise_on_error=False)[0])
+        return self._held(lease, guard(self._renew, args=self._renew_args(lease)))
 
     def renew_in(self, pipe: Any, lease: Lease) -> Callable[[Any], Lease]:
         """``renew`` sent with ``pipe`` (``Function.queue``: one round trip with the
         pipeline's other calls); the function returned turns the pipeline's reply for it into
         the renewed lease, or raises what ``renew`` raises."""
-        args = [self._now(), lease.id, lease.token, self.ttl_ms]
+        args = self._renew_args(lease)
         self._renew.queue(pipe, args=args)
+        return lambda value: self._held(lease, guard(self._renew.reply, value, args=args))
 
-        def renewed(value: Any) -> Lease:
-            reply = guard(self._renew.reply, value, args=args)
-            outcome = self._renewed(lease, _text(reply[0]), reply[1])
-            if isinstance(outcome, LeaseLost):
-                raise outcome
-            return outcome
+    def _renew_args(self, lease: Lease) -> list[Any]:
+        return [self._now(), lease.id, lease.token, self.ttl_ms]
 
-        return renewed
+    def _held(self, lease: Lease, reply: Any) -> Lease:
+        """The renewed lease of a renewal's reply; LeaseLost where it is gone."""
+        outcome = self._renewed(lease, _text(reply[0]), reply[1])
+        if isinstance(outcome, LeaseLost):
+            raise outcome
+        return outcome
 
     def renew_many(self, leases: Sequence[Lease]) -> list[Lease | LeaseLost]:
         """Renew ``leases`` in one call (one round trip, however many): for each, in order, the
