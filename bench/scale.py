@@ -74,6 +74,7 @@ from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.submission import submit  # noqa: E402
+from workers.tasks import renew_leases  # noqa: E402
 
 LEASE_TTL_S = 15.0
 AGENT_TIMEOUT_S = 15.0
@@ -290,16 +291,11 @@ class Farm:
         self.at(0.0, lambda: self.worker_idle(device))
 
     def _renew_both(self, lease: Lease, task: TileTask) -> Lease:
-        """A render worker's renewal (workers.tasks._Renewal.renew): the device's lease and the
-        tile's in one round trip."""
-        pipe = self.conn.pipeline(transaction=False)
-        renewed = self.alloc.renew_in(pipe, lease)
-        touched = self.store.touch_tile_in(pipe, task)
-        replies = pipe.execute(raise_on_error=False)
-        lease = renewed(replies[0])
-        if not touched(replies[1]):
+        """A render worker's renewal: the device's lease and the tile's in one round trip."""
+        renewed, ours = renew_leases(self.conn, self.alloc, self.store, lease, task)
+        if not ours:
             raise SystemExit(f"a tile was taken over in a farm where nothing dies: {task}")
-        return lease
+        return renewed
 
     def _renew_tile(
         self, device: DeviceOffer, job: Job, task: TileTask, lease: Lease, end_ms: int

@@ -555,6 +555,20 @@ def _write_done_log(
     return True
 
 
+def renew_leases(
+    conn: Redis, allocator: SlotAllocator, store: JobStore, lease: Lease, task: TileTask
+) -> tuple[Lease, bool]:
+    """A rendering tile's device lease and its own lease renewed in one round trip: the renewed
+    device lease (LeaseLost where it is gone) and whether the tile is still this attempt's. A
+    tile whose device lease is lost is still touched by that round trip: its worker fails it at
+    once, and were the worker to die first the sweep would find it one lease period later."""
+    pipe = conn.pipeline(transaction=False)
+    renewed = allocator.renew_in(pipe, lease)
+    touched = store.touch_tile_in(pipe, task)
+    replies = guard(pipe.execute, raise_on_error=False)
+    return renewed(replies[0]), touched(replies[1])
+
+
 class _Renewal:
     """Renews the tile and its device lease while the Blender child renders.
 
@@ -587,22 +601,16 @@ class _Renewal:
             raise LeaseLost(f"lease lost: {self.lost}")
 
     def renew(self) -> None:
-        """Renew the device's lease and the tile's in one round trip (and the tile's tag
-        slots, where its job has limited tags); ``lost`` says why where either is gone. A tile
-        whose device lease is lost is still touched by the same round trip: it fails at once
-        here, and were the worker to die first the sweep would find it one lease period
-        later. FarmError where Redis is away."""
+        """Renew the device's lease and the tile's (``renew_leases``), and the tile's tag slots
+        where its job has limited tags; ``lost`` says why where either lease is gone.
+        FarmError where Redis is away."""
         ctx, task = self.ctx, self.task
-        pipe = ctx.conn.pipeline(transaction=False)
-        renewed = ctx.allocator.renew_in(pipe, self.lease)
-        touched = ctx.store.touch_tile_in(pipe, task)
-        replies = guard(pipe.execute, raise_on_error=False)
         try:
-            self.lease = renewed(replies[0])
+            self.lease, ours = renew_leases(ctx.conn, ctx.allocator, ctx.store, self.lease, task)
         except LeaseLost as exc:
             self.lost = str(exc.fields.get("why", exc.message))
             return
-        if not touched(replies[1]):
+        if not ours:
             self.lost = "the tile was taken over"
             return
         tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
