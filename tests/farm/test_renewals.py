@@ -8,6 +8,8 @@ import asyncio
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
 from farm.alloc.renewals import Renewals
@@ -93,7 +95,9 @@ def test_redis_away_fails_every_renewal_of_the_call(redis_url: str) -> None:
     allocator = SlotAllocator(redis.Redis.from_url(redis_url), ttl_s=TTL_S)
     allocator.register("agent-away", "host-away", [DEVICE], ttl_s=3600)
     leases = [allocator.acquire(f"s{i}", STREAM) for i in range(3)]
-    allocator.conn = allocator._renew_many.conn = redis.Redis(unix_socket_path="/nonexistent")
+    # nothing listens there, and the client gives up at once (no retries)
+    away = redis.Redis(unix_socket_path="/nonexistent", retry=Retry(NoBackoff(), 0))
+    allocator.conn = allocator._renew_many.conn = away
 
     async def run() -> list[Lease | BaseException]:
         renewals = Renewals(allocator)
