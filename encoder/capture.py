@@ -4,6 +4,7 @@ pattern, each on its own thread, into a one-frame slot where the latest frame wi
 from __future__ import annotations
 
 import logging
+import math
 import select
 import threading
 import time
@@ -155,18 +156,52 @@ class DamageWatch:
         self.disp.close()
 
 
+class GrabPace:
+    """When a grab on damage may follow the previous ones: never two closer than ``MIN_GAP``
+    frame intervals, and over time no faster than the session's rate: a virtual frame clock
+    that grabs may run up to ``TOLERANCE`` intervals ahead of (the generic cell rate
+    algorithm), so an app drawing faster than the session is grabbed at the session's rate.
+
+    An app drawing at the session's rate is grabbed as it draws. A grab that comes late (the
+    capture thread held up) moves the clock with it. With a tolerance of half a frame (this
+    class's predecessor), a grab late by more than that held every later frame of an app
+    drawing at exactly the session's rate by the excess, for the rest of the session (one
+    run's median 8 ms above another's). Lateness up to a frame now leaves the clock within two
+    frames of the app's next drawing; a grab later than that shows a later drawing, which
+    moves the drawing it waits for as well.
+    """
+
+    MIN_GAP = 0.5
+    TOLERANCE = 2.0
+
+    def __init__(self, fps: float) -> None:
+        self.interval_s = 1.0 / fps
+        #: when the next grab would be due were grabs exactly at the session's rate
+        self._due_s = -math.inf
+        self._last_s = -math.inf
+
+    def hold_s(self, now_s: float) -> float:
+        """How long a grab asked for at ``now_s`` waits (0: none)."""
+        earliest = max(
+            self._last_s + self.MIN_GAP * self.interval_s,
+            self._due_s - self.TOLERANCE * self.interval_s,
+        )
+        return max(0.0, earliest - now_s)
+
+    def grabbed(self, now_s: float) -> None:
+        self._due_s = max(self._due_s, now_s) + self.interval_s
+        self._last_s = now_s
+
+
 class X11Grabber(Grabber):
-    """PyAV's x11grab of a whole display: grabbed the moment the app draws (XDamage), at most
-    ``fps`` frames a second on average (one frame early at most, so an app drawing at the
-    session's rate is grabbed in its own phase), and at ``fps`` while nothing is drawn (a still
-    screen keeps its frame rate). Without XDamage, x11grab polls at ``fps``."""
+    """PyAV's x11grab of a whole display: grabbed the moment the app draws (XDamage), within
+    the session's rate (``GrabPace``), and at ``fps`` while nothing is drawn (a still screen
+    keeps its frame rate). Without XDamage, x11grab polls at ``fps``."""
 
     #: after a frame grabbed on damage, the next still-screen refresh waits this many frame
     #: intervals: an app drawing at the session's rate keeps the grabs in its phase instead of
     #: racing a refresh that would land just before its drawing (and push it half a frame back)
     REPHASE = 1.5
-    #: the closest two grabs on damage may follow each other, in frame intervals
-    MIN_GAP = 0.5
 
     def __init__(
         self,
@@ -187,8 +222,7 @@ class X11Grabber(Grabber):
         #: "damage" or "poll", once running
         self.mode = ""
         self._last_s = 0.0
-        #: the earliest the next grab on damage may be (the average stays within ``fps``)
-        self._allowed_s = 0.0
+        self._pace = GrabPace(fps)
         #: the last grab followed a drawing
         self._rephase = False
 
@@ -233,19 +267,18 @@ class X11Grabber(Grabber):
                 watch.close()
 
     def _wait_for_frame(self, watch: DamageWatch) -> None:
-        """Until the app draws (at least MIN_GAP intervals after the last grab) or the still
-        screen's refresh is due."""
+        """Until the app draws (then as the pace allows) or the still screen's refresh is due."""
         interval_s = 1.0 / self.fps
         due_s = self._last_s + interval_s * (self.REPHASE if self._rephase else 1.0)
         drawn = watch.wait(max(0.0, due_s - time.monotonic()))
         if drawn:
             self.damage_grabs += 1
-            gap_s = self._allowed_s - time.monotonic()
-            if gap_s > 0:
-                self._stop.wait(gap_s)
+            hold_s = self._pace.hold_s(time.monotonic())
+            if hold_s > 0:
+                self._stop.wait(hold_s)
         self._rephase = drawn
         now_s = time.monotonic()
-        self._allowed_s = max(now_s + interval_s * self.MIN_GAP, self._allowed_s + interval_s)
+        self._pace.grabbed(now_s)
         self._last_s = now_s
 
 
