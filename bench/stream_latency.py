@@ -107,7 +107,10 @@ PROBE_JS = """
     const px = ctx.getImageData(0, 0, 512, 48).data;
     const captureMs = (word(px, 1) + word(px, 2) * 4294967296) / 1000;
     const displayMs = origin + meta.expectedDisplayTime;
-    if (++seen > warmup) out.push([word(px, 0), captureMs, displayMs, origin + now]);
+    // WebRTC's frames say when their last packet arrived: the split between the sender and
+    // the network before it and the browser after it
+    const arrivedMs = meta.receiveTime !== undefined ? origin + meta.receiveTime : null;
+    if (++seen > warmup) out.push([word(px, 0), captureMs, displayMs, origin + now, arrivedMs]);
     if (out.length >= count) resolve(out); else video.requestVideoFrameCallback(onFrame);
   };
   if (!video.requestVideoFrameCallback) reject(new Error("no requestVideoFrameCallback"));
@@ -128,6 +131,11 @@ class Run:
     latencies_ms: list[float] = field(default_factory=list)
     counters: list[int] = field(default_factory=list)
     arrivals_s: list[float] = field(default_factory=list)
+    #: in Chromium, each frame's latency split at its last packet's arrival (receiveTime):
+    #: capture to arrival (the sender and the network), arrival to expected display (the
+    #: browser: its jitter buffer, decoder and compositor)
+    to_arrival_ms: list[float] = field(default_factory=list)
+    in_browser_ms: list[float] = field(default_factory=list)
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q))
@@ -201,12 +209,15 @@ async def measure_browser(client: StreamClient, browser: Any, opts: Options) -> 
             )
         finally:
             await page.close(run_before_unload=True)
-    for counter, capture_ms, display_ms, callback_ms in rows:
+    for counter, capture_ms, display_ms, callback_ms, arrived_ms in rows:
         if not stamped(capture_ms):
             continue
         run.counters.append(int(counter))
         run.arrivals_s.append(callback_ms / 1000)
         run.latencies_ms.append(display_ms - capture_ms)
+        if arrived_ms is not None:
+            run.to_arrival_ms.append(arrived_ms - capture_ms)
+            run.in_browser_ms.append(display_ms - arrived_ms)
     return run
 
 
@@ -285,10 +296,16 @@ async def measure_condition(
                 async with loaded_sessions(client, opts, LOAD_SESSIONS):
                     run = await measure(client, opts)
             results[arm].append(run)
+            split = ""
+            if run.in_browser_ms:
+                split = (
+                    f"  (to arrival {np.median(run.to_arrival_ms):5.1f}, in the browser "
+                    f"{np.median(run.in_browser_ms):5.1f} ms p50)"
+                )
             print(
                 f"  {condition:6} run {index + 1} {arm:5}: p50 {run.percentile(50):6.1f}  "
                 f"p95 {run.percentile(95):6.1f}  p99 {run.percentile(99):6.1f} ms  "
-                f"delivered {100 * run.delivered:5.1f} %  {run.fps:5.1f} fps",
+                f"delivered {100 * run.delivered:5.1f} %  {run.fps:5.1f} fps{split}",
                 flush=True,
             )
     return results
@@ -317,6 +334,17 @@ def summarize(
             f"  {arm:5}  " + "  ".join(cells) + f"  ms   delivered {100 * delivered:.1f} %"
             f"  {fps:.1f} fps"
         )
+        if all(r.in_browser_ms for r in runs):
+            parts = (("to_arrival", "to_arrival_ms"), ("in_browser", "in_browser_ms"))
+            for name, attribute in parts:
+                values = [float(np.median(getattr(r, attribute))) for r in runs]
+                figures[f"{prefix}_{arm}_{name}_p50_ms"] = round(statistics.median(values), 3)
+            print(
+                f"  {arm:5}  capture -> last packet p50 "
+                f"{spread([float(np.median(r.to_arrival_ms)) for r in runs])}, last packet -> "
+                f"expected display p50 {spread([float(np.median(r.in_browser_ms)) for r in runs])}"
+                " ms"
+            )
     if "ours" in results and "plain" in results:
         for q in (50, 95, 99):
             ratios = [
@@ -372,7 +400,7 @@ async def run_all(
     clients: dict[str, StreamClient],
     figures: dict[str, Any],
 ) -> None:
-    for condition in args.conditions.split(","):
+    for condition in [c for c in args.conditions.split(",") if c]:
         print(f"\n== {condition} ({opts.width}x{opts.height}@{opts.fps}, aiortc receiver)")
         results = await measure_condition(
             clients, opts, args.runs, condition, args.load, measure_aiortc
