@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from farm import keys
+from farm.luafunctions import Library
 from farm.models import TileTask
 from farm.redisclient import Redis, guard
 
@@ -28,6 +29,16 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
 end
 return 0
 """
+
+
+#: the write as a Redis function (farm.luafunctions), so that it goes in one pipeline with a
+#: worker's other writes as its task starts or ends
+LIBRARY = Library("taskrecords", "", {"write": _WRITE})
+
+
+def _write_call(task: TileTask, record: Attempt) -> tuple[list[str], list[str]]:
+    """The keys and arguments of the write of ``record``."""
+    return [keys.tiles(task.job_id)], [task.key, _field(task), json.dumps(asdict(record))]
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,7 @@ class TaskRecords:
 
     def __init__(self, conn: Redis) -> None:
         self.conn = conn
-        self._write = conn.register_script(_WRITE)
+        self._write = LIBRARY.bind(conn, "write")
 
     def started(
         self, task: TileTask, worker: str, device: str, now: float, device_class: str = ""
@@ -94,6 +105,15 @@ class TaskRecords:
         record = Attempt(task.attempt, worker, device, now, device_class=device_class)
         self._put(task, record)
         return record
+
+    def started_in(
+        self, pipe: Any, task: TileTask, worker: str, device: str, now: float,
+        device_class: str = "",
+    ) -> tuple[Attempt, Callable[[Any], None]]:  # fmt: skip
+        """``started`` sent with ``pipe`` (one round trip with a worker's other writes): the
+        record, and a function that reads the pipeline's reply for it (QueueError: refused)."""
+        record = Attempt(task.attempt, worker, device, now, device_class=device_class)
+        return record, self._put_in(pipe, task, record)
 
     def ended(
         self,
@@ -108,18 +128,41 @@ class TaskRecords:
 
         ``started``: the record ``started`` returned for this attempt, where the caller kept
         it; without it the record is read back (one more round trip a task)."""
+        self._put(task, self._ended(task, now, outcome, started, fields))
+
+    def ended_in(
+        self,
+        pipe: Any,
+        task: TileTask,
+        now: float,
+        outcome: str,
+        *,
+        started: Attempt | None = None,
+        **fields: Any,
+    ) -> Callable[[Any], None]:
+        """``ended`` sent with ``pipe``; the function returned reads the reply for it. Without
+        ``started`` the record is read back first, in a round trip of its own."""
+        return self._put_in(pipe, task, self._ended(task, now, outcome, started, fields))
+
+    def _ended(
+        self, task: TileTask, now: float, outcome: str, started: Attempt | None,
+        fields: dict[str, Any],
+    ) -> Attempt:  # fmt: skip
         if started is None:
             text = guard(self.conn.hget, keys.tiles(task.job_id), _field(task))
             started = _attempt(json.loads(text)) if text else None
         if started is not None:
-            record = replace(started, ended_s=now, outcome=outcome, **fields)
-        else:  # started before records were kept, or its start was not written
-            record = Attempt(task.attempt, "", "", now, now, outcome=outcome, **fields)
-        self._put(task, record)
+            return replace(started, ended_s=now, outcome=outcome, **fields)
+        # started before records were kept, or its start was not written
+        return Attempt(task.attempt, "", "", now, now, outcome=outcome, **fields)
 
     def _put(self, task: TileTask, record: Attempt) -> None:
-        guard(self._write, keys=[keys.tiles(task.job_id)],
-              args=[task.key, _field(task), json.dumps(asdict(record))])  # fmt: skip
+        guard(self._write, *_write_call(task, record))
+
+    def _put_in(self, pipe: Any, task: TileTask, record: Attempt) -> Callable[[Any], None]:
+        call = _write_call(task, record)
+        self._write.queue(pipe, *call)
+        return lambda reply: guard(self._write.reply, reply, *call)
 
     def rows(self, job_id: str) -> list[TaskRow]:
         """Every task of the job with its attempts, by frame and index (empty once trimmed)."""

@@ -167,11 +167,16 @@ class WorkerRegistry:
     def end_task(self, name: str, counts: Sequence[str] = ()) -> None:
         """``name`` is idle again; ``counts``: its task's outcomes for today's counters (see
         ``count``), in the same round trip."""
-        pipe = self.conn.pipeline()
-        pipe.hdel(keys.worker(name), *TASK_FIELDS)
-        pipe.hset(keys.worker(name), "activity", "idle")
-        self._count(pipe, name, counts)
+        pipe = self.conn.pipeline(transaction=False)
+        self.end_task_in(pipe, name, counts)
         guard(pipe.execute)
+
+    def end_task_in(self, pipe: Pipeline, name: str, counts: Sequence[str] = ()) -> None:
+        """``end_task`` sent with ``pipe``: the worker's entry in one command (idle, its task's
+        fields emptied, which readers take as absent), the counters after it."""
+        idle: dict[Any, Any] = {"activity": "idle", **dict.fromkeys(TASK_FIELDS, "")}
+        pipe.hset(keys.worker(name), mapping=idle)
+        self._count(pipe, name, counts)
 
     def count(self, name: str, outcome: str) -> None:
         """One tile ``done`` or ``failed`` (a failure that counts) today."""
@@ -189,6 +194,10 @@ class WorkerRegistry:
 
     def is_disabled(self, name: str) -> bool:
         return bool(guard(self.conn.hexists, keys.WORKERS_DISABLED, name))
+
+    def is_disabled_in(self, pipe: Pipeline, name: str) -> None:
+        """``is_disabled`` sent with ``pipe``; its reply is the flag (true when set)."""
+        pipe.hexists(keys.WORKERS_DISABLED, name)
 
     def forget(self, name: str) -> None:
         """A worker that stops cleanly leaves the registry, with its disabled flag (names are
@@ -303,16 +312,47 @@ class Reporter:
         except FarmError:
             return False
 
+    def disabled_in(self, pipe: Pipeline) -> Callable[[Any], bool]:
+        """``disabled`` sent with ``pipe``; the function returned reads its reply."""
+        if self.registry is None:
+            return lambda _reply: False
+        self.registry.is_disabled_in(pipe, self.name)
+        return lambda reply: not isinstance(reply, Exception) and bool(reply)
+
     @contextlib.contextmanager
     def activity(self, activity: str, **task: Any) -> Iterator[None]:
         """The block runs as the worker's current task (rendering a tile, assembling...)."""
-        self._write(lambda r: r.start_task(self.name, activity, **task))
-        outer, self._counts = self._counts, []
+        outer = self.begin(activity, **task)
         try:
             yield
         finally:
-            counts, self._counts = self._counts, outer
+            counts, self._counts = self._counts or [], outer
             self._write(lambda r: r.end_task(self.name, counts))
+
+    def begin(self, activity: str, **task: Any) -> list[str] | None:
+        """The worker's current task from now on (end it with ``end_in``); returns the counts
+        of an activity it runs within, which ``activity`` restores at its end."""
+        self._write(lambda r: r.start_task(self.name, activity, **task))
+        outer, self._counts = self._counts, []
+        return outer
+
+    def end_in(self, pipe: Pipeline) -> Callable[[list[Any]], None]:
+        """The end of the activity ``begin`` started (not within another), with the outcomes
+        counted during it, sent with ``pipe``; the function returned reads its replies (those
+        from ``len(pipe)`` before this call to after it), logging a refusal."""
+        counts, self._counts = self._counts or [], None
+        if self.registry is None:
+            return lambda _replies: None
+        self.registry.end_task_in(pipe, self.name, counts)
+
+        def read(replies: list[Any]) -> None:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    log.warning("event=registry_write_failed worker=%s error=%r", self.name,
+                                str(reply))  # fmt: skip
+                    return
+
+        return read
 
     def count(self, outcome: str) -> None:
         """One task's outcome in today's counters: with the activity's end where one runs (one

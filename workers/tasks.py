@@ -84,6 +84,8 @@ class WorkerContext:
     tag_limits: dict[str, int] = field(default_factory=dict)
     #: the task record this worker wrote last as it started a task (see ``record``)
     _started: tuple[TileTask, Attempt] | None = field(default=None, init=False, repr=False)
+    #: the tile on its device now: the writes that end it go in one round trip (``_Ending``)
+    _ending: _Ending | None = field(default=None, init=False, repr=False)
 
     @property
     def scratch(self) -> Path:
@@ -102,24 +104,42 @@ class WorkerContext:
             return "the CPU"
         return f"GPU {self.device.index} ({self.device.model})"
 
-    def record(self, task: TileTask, ended: str = "", **fields: Any) -> None:
-        """Note the attempt's start (``ended`` empty) or end in the job's task records; the
+    def record(self, task: TileTask, ended: str, **fields: Any) -> None:
+        """Note the attempt's end in the job's task records (its start: ``begin``); the
         records inform, so a Redis hiccup here is logged and the task goes on. The worker
-        runs one task at a time: the start it wrote last is kept, so the end needs no read."""
+        runs one task at a time: the start it wrote last is kept, so the end needs no read.
+        The end of a tile on its device goes with the round trip that releases the device."""
+        ending = self._ending
+        if ending is not None and ending.task == task:
+            ending.record = (ended, fields)
+            return
         try:
-            if ended:
-                kept, self._started = self._started, None
-                started = kept[1] if kept is not None and kept[0] == task else None
-                self.records.ended(task, self.store.clock(), ended, started=started, **fields)
-            else:
-                self._started = None
-                now = self.store.clock()
-                record = self.records.started(task, self.name, self.device_label, now,
-                                              self.device.device_class)  # fmt: skip
-                self._started = (task, record)
+            self.records.ended(task, self.store.clock(), ended, started=self._kept_start(task),
+                               **fields)  # fmt: skip
         except FarmError as exc:
-            log.warning("event=task_record_failed job=%s frame=%d tile=%d error=%r",
-                        task.job_id, task.frame, task.index, exc.message)  # fmt: skip
+            _record_failed(task, exc)
+
+    def record_end_in(
+        self, pipe: Any, task: TileTask, ended: str, fields: dict[str, Any]
+    ) -> Callable[[Any], None]:
+        """The attempt's end record sent with ``pipe``; the function returned reads its reply.
+        FarmError where the start must be read back first and cannot be."""
+        return self.records.ended_in(pipe, task, self.store.clock(), ended,
+                                     started=self._kept_start(task), **fields)  # fmt: skip
+
+    def _kept_start(self, task: TileTask) -> Attempt | None:
+        """The start record this worker wrote last, where it is ``task``'s (taken: once)."""
+        kept, self._started = self._started, None
+        return kept[1] if kept is not None and kept[0] == task else None
+
+    def begin(self, task: TileTask) -> bool:
+        """The attempt's start record and whether an operator disabled this worker, in one
+        round trip (``begin_writes``): True when disabled."""
+        record, disabled = begin_writes(self.conn, self.records, self.report, task, self.name,
+                                        self.device_label, self.device.device_class,
+                                        self.store.clock())  # fmt: skip
+        self._started = None if record is None else (task, record)
+        return disabled
 
     def spec(self, job_id: str) -> JobSpec:
         if job_id not in self.specs:
@@ -320,9 +340,9 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
         log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
                  job_id, frame, index, attempt, started)  # fmt: skip
         return
-    ctx.record(task)
+    disabled = ctx.begin(task)
     spec = ctx.spec(job_id)
-    if ctx.report.disabled():
+    if disabled:
         # taken in the moment its operator disabled it: handed back, not counted
         _tile_failed(ctx, spec, task, f"worker {ctx.name} was disabled by an operator; requeued",
                      counts=False)  # fmt: skip
@@ -342,12 +362,15 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
     except FarmError as exc:
         _tile_failed(ctx, spec, task, exc.message, error=exc)
         return
+    ending = _Ending(ctx, task, lease)
+    ctx.report.begin("rendering", task="tile", job=job_id, project=spec.project, frame=frame,
+                     tile=index, lease=lease.id)  # fmt: skip
+    ctx._ending = ending
     try:
-        with ctx.report.activity("rendering", task="tile", job=job_id, project=spec.project,
-                                 frame=frame, tile=index, lease=lease.id):  # fmt: skip
-            _render_leased(ctx, spec, task, lease)
+        _render_leased(ctx, spec, task, lease)
     finally:
-        ctx.allocator.release(lease)
+        ctx._ending = None
+        ending.send()
 
 
 def _render_request(ctx: WorkerContext, spec: JobSpec, job_id: str = "") -> Request:
@@ -567,6 +590,89 @@ def renew_leases(
     touched = store.touch_tile_in(pipe, task)
     replies = guard(pipe.execute, raise_on_error=False)
     return renewed(replies[0]), touched(replies[1])
+
+
+def _record_failed(task: TileTask, exc: FarmError) -> None:
+    log.warning("event=task_record_failed job=%s frame=%d tile=%d error=%r",
+                task.job_id, task.frame, task.index, exc.message)  # fmt: skip
+
+
+class _Ending:
+    """The writes that end a tile on its device, in one round trip as it leaves the device:
+    the attempt's record (done, failed or requeued: ``WorkerContext.record`` hands it here),
+    the worker's return to idle on the workers page with the tile's counts, and the device
+    lease's release. They were three round trips."""
+
+    def __init__(self, ctx: WorkerContext, task: TileTask, lease: Lease) -> None:
+        self.ctx, self.task, self.lease = ctx, task, lease
+        #: the attempt's end (outcome, fields), once the tile's end is known
+        self.record: tuple[str, dict[str, Any]] | None = None
+
+    def send(self) -> None:
+        ctx, task, record = self.ctx, self.task, self.record
+        write = None
+        if record is not None:
+
+            def write(pipe: Any) -> Callable[[Any], None]:
+                return ctx.record_end_in(pipe, task, *record)
+
+        end_writes(ctx.conn, ctx.report, ctx.allocator, self.lease, task, write)
+
+
+def begin_writes(
+    conn: Redis, records: TaskRecords, report: Reporter, task: TileTask, worker: str,
+    device: str, device_class: str, now: float,
+) -> tuple[Attempt | None, bool]:  # fmt: skip
+    """A started tile's writes, in one round trip: the attempt's start record (returned, None
+    where Redis refused it: logged, the records inform) and whether an operator disabled
+    the worker (False where Redis cannot say: the task was just taken from Redis, it goes
+    on)."""
+    pipe = conn.pipeline(transaction=False)
+    record, wrote = records.started_in(pipe, task, worker, device, now, device_class)
+    flag = len(pipe)
+    disabled = report.disabled_in(pipe)
+    try:
+        replies = guard(pipe.execute, raise_on_error=False)
+    except FarmError as exc:
+        _record_failed(task, exc)
+        return None, False
+    kept: Attempt | None = record
+    try:
+        wrote(replies[0])
+    except FarmError as exc:
+        _record_failed(task, exc)
+        kept = None
+    return kept, disabled(replies[flag]) if len(replies) > flag else False
+
+
+def end_writes(
+    conn: Redis, report: Reporter, allocator: SlotAllocator, lease: Lease, task: TileTask,
+    write_record: Callable[[Any], Callable[[Any], None]] | None,
+) -> None:  # fmt: skip
+    """A tile's writes as it leaves its device, in one round trip: the attempt's end record
+    (``write_record`` queues it on the pipeline given and returns its reply's reader), the
+    end of the worker's activity with its counts (``report.end_in``), the lease's release.
+    A record or registry write that Redis refuses is logged (they inform); a release it
+    refuses, or Redis away, raises as ``SlotAllocator.release`` does (the lease expires)."""
+    pipe = conn.pipeline(transaction=False)
+    wrote: Callable[[Any], None] | None = None
+    if write_record is not None:
+        try:
+            wrote = write_record(pipe)
+        except FarmError as exc:
+            _record_failed(task, exc)
+    first = len(pipe)
+    idle = report.end_in(pipe)
+    last = len(pipe)
+    released = allocator.release_in(pipe, lease)
+    replies = guard(pipe.execute, raise_on_error=False)
+    if wrote is not None:
+        try:
+            wrote(replies[0])
+        except FarmError as exc:
+            _record_failed(task, exc)
+    idle(replies[first:last])
+    released(replies[last])
 
 
 class _Renewal:

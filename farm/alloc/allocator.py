@@ -278,6 +278,13 @@ class SlotAllocator:
     def release(self, lease: Lease) -> bool:
         return bool(guard(self._release, args=[lease.id, lease.token, self._now()]))
 
+    def release_in(self, pipe: Any, lease: Lease) -> Callable[[Any], bool]:
+        """``release`` sent with ``pipe``; the function returned reads the reply for it (what
+        ``release`` returns or raises)."""
+        args = [lease.id, lease.token, self._now()]
+        self._release.queue(pipe, args=args)
+        return lambda value: bool(guard(self._release.reply, value, args=args))
+
     def check(self, lease: Lease) -> bool:
         """The fencing check: is this lease still held, with this token, unexpired?"""
         return bool(guard(self._check, args=[self._now(), lease.id, lease.token]))

@@ -171,7 +171,7 @@ def test_a_task_records_end_builds_on_its_own_start_only(ctx: WorkerContext) -> 
     first, second = TileTask(job_id, 1, 0, 1), TileTask(job_id, 1, 1, 1)
     for task in (first, second):
         assert ctx.store.start_tile(task) == "ok"
-    ctx.record(first)
+    assert ctx.begin(first) is False
     ctx.records.started(second, "elsewhere", "GPU 1 (T4)", 5.0, "t4")  # another process's
     ctx.record(second, "failed", cause="lost")
     ctx.record(first, "done", render_s=1.5)

@@ -1,0 +1,129 @@
+"""What a worker writes to Redis as a tile starts and as it leaves its device, each in one round
+trip: the attempt's start record with the operator's disabled flag; the attempt's end record,
+the worker's return to idle with the tile's counts and the device lease's release."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from farm import jobstore, keys, queue, workerstate
+from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
+from farm.alloc.devices import Device
+from farm.models import BlendSource, JobSpec, TileTask
+from farm.settings import Settings
+from farm.storage.local import LocalStorage
+from farm.submission import submit
+from workers.child import BlenderChild
+from workers.tasks import WorkerContext, _Ending
+
+OFFER = DeviceOffer("cpu-writes", "cpu", "test CPU", 4096, 0, 1)
+RENDER = Request("render", vram_mib=10, render_slots=1, device_ids=(OFFER.id,))
+NAME = "writer"
+
+
+@pytest.fixture
+def ctx(redis_url: str, tmp_path: Path) -> WorkerContext:
+    """A worker's context on the test Redis with its workers-page entry; its Blender child is
+    never started."""
+    settings = Settings(redis_url=redis_url, work_dir=tmp_path / "work", python=sys.executable)
+    conn = jobstore.connect(redis_url)
+    allocator = SlotAllocator(conn, ttl_s=30)
+    allocator.register("agent-writes", "host-writes", [OFFER], ttl_s=3600)
+    registry = workerstate.registry_for(conn, settings)
+    registry.beat(NAME, {"kind": "render"})
+    return WorkerContext(
+        settings=settings,
+        name=NAME,
+        conn=conn,
+        store=jobstore.JobStore(conn, tile_lease_s=30),
+        queue=queue.RenderQueue(queue.connect(redis_url), "cpu"),
+        storage=LocalStorage(tmp_path / "storage"),
+        child=BlenderChild.for_settings(settings, NAME),
+        allocator=allocator,
+        device=Device(OFFER.id, "host-writes", None, "cpu", "cpu", 4096, 0, 1),
+        report=workerstate.Reporter(registry, NAME),
+    )
+
+
+def _started(ctx: WorkerContext) -> TileTask:
+    source = BlendSource("path", "/nowhere/scene.blend", "0" * 64, "scene.blend")
+    spec = JobSpec(source, (1,), "1x1", 64, 32, "/tmp/out")
+    job_id = submit(ctx.queue.conn, ctx.store, ctx.queue, spec, [], scripts_blocked=False)
+    task = TileTask(job_id, 1, 0, 1)
+    assert ctx.store.start_tile(task) == "ok"
+    return task
+
+
+def _sent(round_trips: Counter[str]) -> int:
+    return round_trips[threading.current_thread().name]
+
+
+def test_a_tiles_start_record_and_the_disabled_flag_are_one_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    task = _started(ctx)
+    ctx.begin(task)  # the first call on a fresh server also loads the records' function
+    before = _sent(round_trips)
+    assert ctx.begin(task) is False
+    assert _sent(round_trips) - before == 1
+    ((row,),) = [r.attempts for r in ctx.records.rows(task.job_id)]
+    assert (row.worker, row.device, row.outcome, row.device_class) == (
+        NAME, "the CPU", "rendering", "cpu")  # fmt: skip
+
+    assert ctx.report.registry is not None
+    ctx.report.registry.set_disabled(NAME, True, by="an operator")
+    assert ctx.begin(task) is True
+
+
+def test_a_tile_leaves_its_device_in_one_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    task = _started(ctx)
+    ctx.begin(task)
+    lease = ctx.allocator.acquire(NAME, RENDER)
+    ending = _Ending(ctx, task, lease)
+    ctx.report.begin("rendering", task="tile", job=task.job_id, frame=1, tile=0, lease=lease.id)
+    ctx._ending = ending
+    ctx.record(task, "done", render_s=2.5, logged=True)  # held for the tile's end
+    ctx.report.count("done")
+    ctx._ending = None
+
+    before = _sent(round_trips)
+    ending.send()
+    assert _sent(round_trips) - before == 1
+
+    ((row,),) = [r.attempts for r in ctx.records.rows(task.job_id)]
+    assert (row.outcome, row.render_s, row.logged, row.worker) == ("done", 2.5, True, NAME)
+    assert ctx.report.registry is not None
+    me = ctx.report.registry.get(NAME)
+    assert me is not None
+    assert (me.state.value, me.job, me.tile, me.lease, me.tiles_done_today) == (
+        "idle", "", None, "", 1)  # fmt: skip
+    assert not ctx.allocator.check(lease)
+    assert ctx.conn.exists(keys.lease(lease.id)) == 0
+
+
+def test_a_tile_that_fails_on_its_device_leaves_it_in_one_round_trip_too(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    task = _started(ctx)
+    ctx.begin(task)
+    lease = ctx.allocator.acquire(NAME, RENDER)
+    ending = _Ending(ctx, task, lease)
+    ctx.report.begin("rendering", task="tile", job=task.job_id, lease=lease.id)
+    ctx._ending = ending
+    ctx.record(task, "requeued", cause="lease lost")
+    ctx._ending = None
+    # the lease was lost meanwhile: its release finds nothing, and says so without raising
+    ctx.allocator.release(lease)
+
+    before = _sent(round_trips)
+    ending.send()
+    assert _sent(round_trips) - before == 1
+    ((row,),) = [r.attempts for r in ctx.records.rows(task.job_id)]
+    assert (row.outcome, row.cause) == ("requeued", "lease lost")
