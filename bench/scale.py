@@ -11,11 +11,17 @@ work are simulated:
 - **render workers**: one per device, no Blender: each is the farm's rq worker
   (``farm.queue.build_worker``), driven through rq's own steps around a task (the take with
   its beats and rq's registry maintenance every 10 s, the execution's records before the task,
-  the success's after it); the task's own work is the simulation's. A worker starts the tile,
-  leases its device (a pinned request), "renders" for a time drawn from an exponential
-  distribution (mean ``--tile-s``, at least 1 s) while renewing the lease and the tile every
-  lease period / 3, commits the tile (fenced), releases the lease; a frame's last tile queues
-  its assembly (claim, then finish). Every worker runs the recovery sweep every lease period.
+  the success's after it); the task's own work is the simulation's. A worker starts the tile
+  (with the worker's own writes: the attempt's start record and the disabled flag,
+  ``workers.tasks.begin_writes``), leases its device (a pinned request), shows the tile on the
+  workers page, "renders" for a time drawn from an exponential distribution (mean
+  ``--tile-s``, at least 1 s) while renewing the lease and the tile every lease period / 3,
+  commits the tile (fenced), then ends it (its end record, the worker idle with the tile
+  counted, the lease's release: ``workers.tasks.end_writes``; ``--tile-writes one-by-one``
+  sends those writes one by one, as the worker did before); a frame's last tile queues its
+  assembly (claim, then finish). Every worker runs the recovery sweep every lease period, and
+  beats as a real one does: its device agent's heartbeat for its own device and its entry on
+  the workers page, every ``agent_timeout / 3``.
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
   placed by the allocator (an unpinned request over every class); the stream service of each
   device renews its sessions' leases in one call every lease period / 3 (``renew_many``); the
@@ -68,13 +74,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E402
-from farm import jobstore, queue  # noqa: E402
+from farm import jobstore, queue, workerstate  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.submission import submit  # noqa: E402
-from workers.tasks import renew_leases  # noqa: E402
+from farm.taskrecords import Attempt, TaskRecords  # noqa: E402
+from workers.tasks import begin_writes, end_writes, renew_leases  # noqa: E402
 
 LEASE_TTL_S = 15.0
 AGENT_TIMEOUT_S = 15.0
@@ -153,6 +160,14 @@ class Farm:
         # each device's rq worker, and the execution and queue of the task it runs
         self.workers: dict[str, queue._FarmWorker] = {}
         self.running: dict[str, tuple[Any, Queue]] = {}
+        # what the workers write about their tiles (the task records, the workers page)
+        self.records = TaskRecords(self.conn)
+        self.registry = workerstate.WorkerRegistry(
+            self.conn, silent_s=AGENT_TIMEOUT_S, retention_s=3600
+        )
+        self.reporters: dict[str, workerstate.Reporter] = {}
+        # the start record each device's worker wrote last (the end builds on it)
+        self.kept: dict[str, Attempt | None] = {}
 
         # rq's worker (and the farm's, its maintenance) reads the time from the virtual clock
         def clock() -> datetime:
@@ -191,6 +206,26 @@ class Farm:
             ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
         )  # fmt: skip
         self.at(AGENT_TIMEOUT_S / 3, lambda: self.register(host, budget, offers))
+
+    def worker_beat(self, host: str, budget: int | None, offer: DeviceOffer) -> None:
+        """A render worker's own beats (workers.worker): its device agent's heartbeat for its
+        one device and its entry on the workers page, each on its own thread."""
+        name = f"w-{offer.id}"
+        self.fig.timed(
+            "worker_heartbeat", self.alloc.register, f"agent-{name}", host, [offer],
+            ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
+        )  # fmt: skip
+        fields = {"kind": "render", "host": host, "device_id": offer.id, "queue": "gpu"}
+        self.fig.timed("worker_beacon", self.registry.beat, name, fields)
+        self.at(AGENT_TIMEOUT_S / 3, lambda: self.worker_beat(host, budget, offer))
+
+    def _reporter(self, device_id: str) -> workerstate.Reporter:
+        reporter = self.reporters.get(device_id)
+        if reporter is None:
+            reporter = self.reporters[device_id] = workerstate.Reporter(
+                self.registry, f"w-{device_id}"
+            )
+        return reporter
 
     # --- events ---------------------------------------------------------------------------
 
@@ -241,12 +276,15 @@ class Farm:
         if self.fig.timed("start_tile", self.store.start_tile, task) != "ok":
             self._task_done(device, job)
             return
+        self._tile_begins(device, task)
         request = Request(
             "render", vram_mib=RENDER_VRAM_MIB, render_slots=1, device_ids=(device.id,),
             job=task.job_id,
         )  # fmt: skip
         lease = self.fig.timed("acquire", self.alloc.try_acquire, f"w-{device.id}", request)
         if lease is None:  # a stream holds the device's memory: hand the tile back
+            self.fig.timed("record", self.records.ended, task, self.now_ms / 1000, "requeued",
+                           started=self.kept.pop(device.id, None), cause="no room")  # fmt: skip
             outcome, attempt = self.fig.timed("fail_tile", self.store.fail_tile, task,
                                               "no room", 3, False)  # fmt: skip
             if outcome == "retry":
@@ -254,9 +292,48 @@ class Farm:
                 self.fig.timed("requeue", self.queue.stage_tiles, [retry], 60)
             self._task_done(device, job)
             return
+        activity = {"task": "tile", "job": task.job_id, "frame": task.frame,
+                    "tile": task.index, "lease": lease.id}  # fmt: skip
+        if self.args.tile_writes == "batched":
+            self.fig.timed("activity", self._reporter(device.id).begin, "rendering", **activity)
+        else:
+            self.fig.timed("activity", self.registry.start_task, f"w-{device.id}", "rendering",
+                           **activity)  # fmt: skip
         duration = max(1.0, self.rng.expovariate(1 / self.args.tile_s))
         end_ms = self.now_ms + int(duration * 1000)
         self._renew_tile(device, job, task, lease, end_ms)
+
+    def _tile_begins(self, device: DeviceOffer, task: TileTask) -> None:
+        """The worker's writes as a tile starts: its start record, the disabled flag."""
+        name, label, now_s = f"w-{device.id}", f"GPU ({device.model})", self.now_ms / 1000
+        record: Attempt | None
+        if self.args.tile_writes == "batched":
+            record, _ = self.fig.timed("tile_begin", begin_writes, self.conn, self.records,
+                                       self._reporter(device.id), task, name, label,
+                                       device.device_class, now_s)  # fmt: skip
+        else:
+            record = self.fig.timed("record", self.records.started, task, name, label, now_s,
+                                    device.device_class)  # fmt: skip
+            self.fig.timed("disabled", self.registry.is_disabled, name)
+        self.kept[device.id] = record
+
+    def _tile_leaves(self, device: DeviceOffer, task: TileTask, lease: Lease) -> None:
+        """The worker's writes as a tile leaves its device: its end record, the worker idle
+        with the tile counted, the lease's release."""
+        name, now_s, started = f"w-{device.id}", self.now_ms / 1000, self.kept.pop(device.id)
+        if self.args.tile_writes == "batched":
+            reporter = self._reporter(device.id)
+            reporter.count("done")
+
+            def write(pipe: Any) -> Callable[[Any], None]:
+                return self.records.ended_in(pipe, task, now_s, "done", started=started)
+
+            self.fig.timed("release", end_writes, self.conn, reporter, self.alloc, lease, task,
+                           write)  # fmt: skip
+            return
+        self.fig.timed("record", self.records.ended, task, now_s, "done", started=started)
+        self.fig.timed("activity_end", self.registry.end_task, name, ["done"])
+        self.fig.timed("release", self.alloc.release, lease)
 
     def _worker(self, device_id: str) -> queue._FarmWorker:
         worker = self.workers.get(device_id)
@@ -314,7 +391,7 @@ class Farm:
             spec = self.specs[task.job_id]
             outcome = self.fig.timed("commit", self.store.finish_tile, task,
                                      spec.tasks_per_frame, lease.id, lease.token)  # fmt: skip
-            self.fig.timed("release", self.alloc.release, lease)
+            self._tile_leaves(device, task, lease)
             if outcome == "frame_ready":
                 self.fig.timed("enqueue_assembly", self.queue.enqueue_assembly, task.job_id,
                                task.frame, 60)  # fmt: skip
@@ -390,15 +467,23 @@ class Farm:
         for _ in range(int(target)):
             self.stream_arrives(self.rng.expovariate(1 / self.args.stream_s))
         self.at(0.0, lambda: self.stream_arrivals(target / self.args.stream_s))
-        for device in self.devices:
-            self.at(self.rng.uniform(0, self.args.tile_s), self._idle_action(device))
-            self.at(self.rng.uniform(0, LEASE_TTL_S), self._sweep_action(device))
+        for host, budget, offers in self.hosts:
+            for device in offers:
+                self.at(self.rng.uniform(0, self.args.tile_s), self._idle_action(device))
+                self.at(self.rng.uniform(0, LEASE_TTL_S), self._sweep_action(device))
+                self.at(self.rng.uniform(0, AGENT_TIMEOUT_S / 3),
+                        self._beat_action(host, budget, device))  # fmt: skip
 
     def _idle_action(self, device: DeviceOffer) -> Callable[[], None]:
         return lambda: self.worker_idle(device)
 
     def _sweep_action(self, device: DeviceOffer) -> Callable[[], None]:
         return lambda: self.sweep(device)
+
+    def _beat_action(
+        self, host: str, budget: int | None, device: DeviceOffer
+    ) -> Callable[[], None]:
+        return lambda: self.worker_beat(host, budget, device)
 
 
 def redis_cpu_s(conn: redis.Redis) -> float:
@@ -562,6 +647,13 @@ def main() -> None:
         choices=("farm", "rq"),
         default="farm",
         help="the workers' rq bookkeeping: the farm's (farm.queue) or rq's own (bench/rq_task.py)",
+    )
+    ap.add_argument(
+        "--tile-writes",
+        choices=("batched", "one-by-one"),
+        default="batched",
+        help="a worker's writes as a tile starts and leaves its device: in one round trip "
+        "each (workers.tasks), or one by one as before",
     )
     ap.add_argument(
         "--redis-config",
