@@ -8,11 +8,12 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from farm import jobstore, keys, queue, workerstate
-from farm.alloc.allocator import DeviceOffer, Request, SlotAllocator
+from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.models import BlendSource, JobSpec, TileTask
 from farm.settings import Settings
@@ -80,18 +81,27 @@ def test_a_tiles_start_record_and_the_disabled_flag_are_one_round_trip(
     assert ctx.begin(task) is True
 
 
-def test_a_tile_leaves_its_device_in_one_round_trip(
-    ctx: WorkerContext, round_trips: Counter[str]
-) -> None:
+def _ended_on_device(
+    ctx: WorkerContext, outcome: str, **fields: Any
+) -> tuple[TileTask, Lease, _Ending]:
+    """A tile rendered on its device and ended there with ``outcome``: the end's writes are
+    held for its ``_Ending``, not sent yet."""
     task = _started(ctx)
     ctx.begin(task)
     lease = ctx.allocator.acquire(NAME, RENDER)
     ending = _Ending(ctx, task, lease)
     ctx.report.begin("rendering", task="tile", job=task.job_id, frame=1, tile=0, lease=lease.id)
     ctx._ending = ending
-    ctx.record(task, "done", render_s=2.5, logged=True)  # held for the tile's end
-    ctx.report.count("done")
+    ctx.record(task, outcome, **fields)
     ctx._ending = None
+    return task, lease, ending
+
+
+def test_a_tile_leaves_its_device_in_one_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    task, lease, ending = _ended_on_device(ctx, "done", render_s=2.5, logged=True)
+    ctx.report.count("done")
 
     before = _sent(round_trips)
     ending.send()
@@ -111,14 +121,7 @@ def test_a_tile_leaves_its_device_in_one_round_trip(
 def test_a_tile_that_fails_on_its_device_leaves_it_in_one_round_trip_too(
     ctx: WorkerContext, round_trips: Counter[str]
 ) -> None:
-    task = _started(ctx)
-    ctx.begin(task)
-    lease = ctx.allocator.acquire(NAME, RENDER)
-    ending = _Ending(ctx, task, lease)
-    ctx.report.begin("rendering", task="tile", job=task.job_id, lease=lease.id)
-    ctx._ending = ending
-    ctx.record(task, "requeued", cause="lease lost")
-    ctx._ending = None
+    task, lease, ending = _ended_on_device(ctx, "requeued", cause="lease lost")
     # the lease was lost meanwhile: its release finds nothing, and says so without raising
     ctx.allocator.release(lease)
 
