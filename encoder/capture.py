@@ -178,19 +178,20 @@ class GrabPace:
         self.interval_s = 1.0 / fps
         #: when the next grab would be due were grabs exactly at the session's rate
         self._due_s = -math.inf
-        self._last_s = -math.inf
+        #: when the last grab was (monotonic s)
+        self.last_s = -math.inf
 
     def hold_s(self, now_s: float) -> float:
         """How long a grab asked for at ``now_s`` waits (0: none)."""
         earliest = max(
-            self._last_s + self.MIN_GAP * self.interval_s,
+            self.last_s + self.MIN_GAP * self.interval_s,
             self._due_s - self.TOLERANCE * self.interval_s,
         )
         return max(0.0, earliest - now_s)
 
     def grabbed(self, now_s: float) -> None:
         self._due_s = max(self._due_s, now_s) + self.interval_s
-        self._last_s = now_s
+        self.last_s = now_s
 
 
 class X11Grabber(Grabber):
@@ -221,7 +222,6 @@ class X11Grabber(Grabber):
         self.damage_grabs = 0
         #: "damage" or "poll", once running
         self.mode = ""
-        self._last_s = 0.0
         self._pace = GrabPace(fps)
         #: the last grab followed a drawing
         self._rephase = False
@@ -268,18 +268,16 @@ class X11Grabber(Grabber):
 
     def _wait_for_frame(self, watch: DamageWatch) -> None:
         """Until the app draws (then as the pace allows) or the still screen's refresh is due."""
-        interval_s = 1.0 / self.fps
-        due_s = self._last_s + interval_s * (self.REPHASE if self._rephase else 1.0)
+        pace = self._pace
+        due_s = pace.last_s + pace.interval_s * (self.REPHASE if self._rephase else 1.0)
         drawn = watch.wait(max(0.0, due_s - time.monotonic()))
         if drawn:
             self.damage_grabs += 1
-            hold_s = self._pace.hold_s(time.monotonic())
+            hold_s = pace.hold_s(time.monotonic())
             if hold_s > 0:
                 self._stop.wait(hold_s)
         self._rephase = drawn
-        now_s = time.monotonic()
-        self._pace.grabbed(now_s)
-        self._last_s = now_s
+        pace.grabbed(time.monotonic())
 
 
 class PatternGrabber(Grabber):
