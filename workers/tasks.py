@@ -109,23 +109,15 @@ class WorkerContext:
         records inform, so a Redis hiccup here is logged and the task goes on. The worker
         runs one task at a time: the start it wrote last is kept, so the end needs no read.
         The end of a tile on its device goes with the round trip that releases the device."""
+        end = AttemptEnd(ended, self.store.clock(), self._kept_start(task), fields)
         ending = self._ending
         if ending is not None and ending.task == task:
-            ending.record = (ended, fields)
+            ending.end = end
             return
         try:
-            self.records.ended(task, self.store.clock(), ended, started=self._kept_start(task),
-                               **fields)  # fmt: skip
+            self.records.ended(task, end.now, end.outcome, started=end.started, **end.fields)
         except FarmError as exc:
             _record_failed(task, exc)
-
-    def record_end_in(
-        self, pipe: Any, task: TileTask, ended: str, fields: dict[str, Any]
-    ) -> Callable[[Any], None]:
-        """The attempt's end record sent with ``pipe``; the function returned reads its reply.
-        FarmError where the start must be read back first and cannot be."""
-        return self.records.ended_in(pipe, task, self.store.clock(), ended,
-                                     started=self._kept_start(task), **fields)  # fmt: skip
 
     def _kept_start(self, task: TileTask) -> Attempt | None:
         """The start record this worker wrote last, where it is ``task``'s (taken: once)."""
@@ -597,26 +589,32 @@ def _record_failed(task: TileTask, exc: FarmError) -> None:
                 task.job_id, task.frame, task.index, exc.message)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended, for its record (``TaskRecords.ended``'s arguments)."""
+
+    outcome: str
+    now: float
+    #: the attempt's start record, where the worker kept it (else it is read back)
+    started: Attempt | None
+    fields: dict[str, Any]
+
+
 class _Ending:
-    """The writes that end a tile on its device, in one round trip as it leaves the device:
-    the attempt's record (done, failed or requeued: ``WorkerContext.record`` hands it here),
-    the worker's return to idle on the workers page with the tile's counts, and the device
-    lease's release. They were three round trips."""
+    """The writes that end a tile on its device, in one round trip as it leaves the device
+    (``end_writes``): the attempt's record (done, failed or requeued: ``WorkerContext.record``
+    hands it here), the worker's return to idle on the workers page with the tile's counts,
+    and the device lease's release. They were three round trips."""
 
     def __init__(self, ctx: WorkerContext, task: TileTask, lease: Lease) -> None:
         self.ctx, self.task, self.lease = ctx, task, lease
-        #: the attempt's end (outcome, fields), once the tile's end is known
-        self.record: tuple[str, dict[str, Any]] | None = None
+        #: the attempt's end, once it is known
+        self.end: AttemptEnd | None = None
 
     def send(self) -> None:
-        ctx, task, record = self.ctx, self.task, self.record
-        write = None
-        if record is not None:
-
-            def write(pipe: Any) -> Callable[[Any], None]:
-                return ctx.record_end_in(pipe, task, *record)
-
-        end_writes(ctx.conn, ctx.report, ctx.allocator, self.lease, task, write)
+        ctx = self.ctx
+        end_writes(ctx.conn, ctx.records, ctx.report, ctx.allocator, self.lease, self.task,
+                   self.end)  # fmt: skip
 
 
 def begin_writes(
@@ -646,20 +644,21 @@ def begin_writes(
 
 
 def end_writes(
-    conn: Redis, report: Reporter, allocator: SlotAllocator, lease: Lease, task: TileTask,
-    write_record: Callable[[Any], Callable[[Any], None]] | None,
+    conn: Redis, records: TaskRecords, report: Reporter, allocator: SlotAllocator,
+    lease: Lease, task: TileTask, end: AttemptEnd | None,
 ) -> None:  # fmt: skip
     """A tile's writes as it leaves its device, in one round trip: the attempt's end record
-    (``write_record`` queues it on the pipeline given and returns its reply's reader), the
-    end of the worker's activity with its counts (``report.end_in``), the lease's release.
-    A record or registry write that Redis refuses is logged (they inform); a release it
-    refuses, or Redis away, raises as ``SlotAllocator.release`` does (the lease expires)."""
+    (where ``end`` is known), the end of the worker's activity with its counts
+    (``report.end_in``), the lease's release. A record or registry write that Redis refuses
+    is logged (they inform); a release it refuses, or Redis away, raises as
+    ``SlotAllocator.release`` does (the lease expires)."""
     pipe = conn.pipeline(transaction=False)
     wrote: Callable[[Any], None] | None = None
-    if write_record is not None:
+    if end is not None:
         try:
-            wrote = write_record(pipe)
-        except FarmError as exc:
+            wrote = records.ended_in(pipe, task, end.now, end.outcome, started=end.started,
+                                     **end.fields)  # fmt: skip
+        except FarmError as exc:  # its start had to be read back, and could not be
             _record_failed(task, exc)
     first = len(pipe)
     idle = report.end_in(pipe)
