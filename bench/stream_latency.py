@@ -335,15 +335,15 @@ def summarize(
             f"  {fps:.1f} fps"
         )
         if all(r.in_browser_ms for r in runs):
-            parts = (("to_arrival", "to_arrival_ms"), ("in_browser", "in_browser_ms"))
-            for name, attribute in parts:
-                values = [float(np.median(getattr(r, attribute))) for r in runs]
+            split = {
+                "to_arrival": [float(np.median(r.to_arrival_ms)) for r in runs],
+                "in_browser": [float(np.median(r.in_browser_ms)) for r in runs],
+            }
+            for name, values in split.items():
                 figures[f"{prefix}_{arm}_{name}_p50_ms"] = round(statistics.median(values), 3)
             print(
-                f"  {arm:5}  capture -> last packet p50 "
-                f"{spread([float(np.median(r.to_arrival_ms)) for r in runs])}, last packet -> "
-                f"expected display p50 {spread([float(np.median(r.in_browser_ms)) for r in runs])}"
-                " ms"
+                f"  {arm:5}  capture -> last packet p50 {spread(split['to_arrival'])}, "
+                f"last packet -> expected display p50 {spread(split['in_browser'])} ms"
             )
     if "ours" in results and "plain" in results:
         for q in (50, 95, 99):
