@@ -21,7 +21,8 @@ work are simulated:
   sends those writes one by one, as the worker did before); a frame's last tile queues its
   assembly (claim, then finish). Every worker runs the recovery sweep every lease period, and
   beats as a real one does: its device agent's heartbeat for its own device and its entry on
-  the workers page, every ``agent_timeout / 3``.
+  the workers page, every ``agent_timeout / 3``, in one round trip (``--worker-beats apart``
+  sends them one by one, as the worker did before).
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
   placed by the allocator (an unpinned request over every class); the stream service of each
   device renews its sessions' leases in one call every lease period / 3 (``renew_many``); the
@@ -75,6 +76,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E402
 from farm import jobstore, queue, workerstate  # noqa: E402
+from farm.alloc.agent import heartbeat  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
@@ -166,6 +168,7 @@ class Farm:
             self.conn, silent_s=AGENT_TIMEOUT_S, retention_s=3600
         )
         self.reporters: dict[str, workerstate.Reporter] = {}
+        self.beacons: dict[str, workerstate.Beacon] = {}
         # the start record each device's worker wrote last (the end builds on it)
         self.kept: dict[str, Attempt | None] = {}
 
@@ -209,14 +212,23 @@ class Farm:
 
     def worker_beat(self, host: str, budget: int | None, offer: DeviceOffer) -> None:
         """A render worker's own beats (workers.worker): its device agent's heartbeat for its
-        one device and its entry on the workers page, each on its own thread."""
+        one device with its entry on the workers page in the same round trip
+        (``farm.alloc.agent.heartbeat``); ``--worker-beats apart`` sends them one by one, as
+        the worker's two threads did."""
         name = f"w-{offer.id}"
-        self.fig.timed(
-            "worker_heartbeat", self.alloc.register, f"agent-{name}", host, [offer],
-            ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
-        )  # fmt: skip
-        fields = {"kind": "render", "host": host, "device_id": offer.id, "queue": "gpu"}
-        self.fig.timed("worker_beacon", self.registry.beat, name, fields)
+        beacon = self.beacons.get(offer.id)
+        if beacon is None:
+            identity = {"kind": "render", "host": host, "device_id": offer.id, "queue": "gpu"}
+            beacon = self.beacons[offer.id] = workerstate.Beacon(self.registry, name, identity)
+        if self.args.worker_beats == "together":
+            self.fig.timed("worker_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
+                           [offer], AGENT_TIMEOUT_S, budget, beacon.beat_in)  # fmt: skip
+        else:
+            self.fig.timed(
+                "worker_heartbeat", self.alloc.register, f"agent-{name}", host, [offer],
+                ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
+            )  # fmt: skip
+            self.fig.timed("worker_beacon", self.registry.beat, name, beacon.identity)
         self.at(AGENT_TIMEOUT_S / 3, lambda: self.worker_beat(host, budget, offer))
 
     def _reporter(self, device_id: str) -> workerstate.Reporter:
@@ -652,6 +664,13 @@ def main() -> None:
         default="batched",
         help="a worker's writes as a tile starts and leaves its device: in one round trip "
         "each (workers.tasks), or one by one as before",
+    )
+    ap.add_argument(
+        "--worker-beats",
+        choices=("together", "apart"),
+        default="together",
+        help="a render worker's agent heartbeat and workers-page beat: in one round trip "
+        "(farm.alloc.agent.heartbeat), or apart as its two threads sent them before",
     )
     ap.add_argument(
         "--redis-config",

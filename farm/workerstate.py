@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm import keys, redisclock
 from farm.errors import FarmError, NotFound
+from farm.luafunctions import Library
 from farm.redisclient import Redis, guard
 
 if TYPE_CHECKING:
@@ -111,9 +111,7 @@ class WorkerInfo:
 #: Beat: KEYS[1] the worker's hash, KEYS[2] the registry, KEYS[3] the disabled hash.
 #: ARGV: name, now (s), retention (s), then field/value pairs. Trims at most TRIM_PER_BEAT
 #: names whose last beat is older than the retention, with their hashes and flags.
-_BEAT = (
-    keys.lua("worker")
-    + f"""
+_BEAT = f"""
 local fields = {{}}
 for i = 4, #ARGV do table.insert(fields, ARGV[i]) end
 redis.call('HSET', KEYS[1], 'beat', ARGV[2], unpack(fields))
@@ -128,7 +126,10 @@ for _, name in ipairs(old) do
 end
 return #old
 """
-)
+
+#: the beat as a Redis function (farm.luafunctions), so that a worker's beat can go in one
+#: pipeline with its device agent's heartbeat without redis-py's SCRIPT EXISTS round trip
+LIBRARY = Library("workerbeat", keys.lua("worker"), {"beat": _BEAT})
 
 
 class WorkerRegistry:
@@ -138,19 +139,34 @@ class WorkerRegistry:
         self.conn = conn
         self.silent_s = silent_s
         self.retention_s = retention_s
-        self._beat = conn.register_script(_BEAT)
+        self._beat = LIBRARY.bind(conn, "beat")
 
     # --- a worker's own writes ------------------------------------------------------------------
 
     def beat(self, name: str, fields: dict[str, Any], now: float | None = None) -> None:
         """Publish ``name``'s identity and gauges (host, pid, device, utilisation...) as alive
-        now: one script call, O(1) whatever the farm's size."""
+        now: one function call, O(1) whatever the farm's size."""
+        call = self._beat_call(name, fields, now)
+        guard(self._beat, keys=call[0], args=call[1])
+
+    def beat_in(
+        self, pipe: Pipeline, name: str, fields: dict[str, Any], now: float | None = None
+    ) -> Callable[[Any], None]:
+        """``beat`` sent with ``pipe``; the function returned reads its reply (raises as
+        ``beat`` does)."""
+        call = self._beat_call(name, fields, now)
+        self._beat.queue(pipe, keys=call[0], args=call[1])
+        return lambda value: guard(self._beat.reply, value, keys=call[0], args=call[1])
+
+    def _beat_call(
+        self, name: str, fields: dict[str, Any], now: float | None
+    ) -> tuple[list[str], list[Any]]:
         now = redisclock.now(self.conn) if now is None else now
         flat: list[str] = []
         for key, value in fields.items():
             flat += [key, "" if value is None else str(value)]
-        guard(self._beat, keys=[keys.worker(name), keys.WORKERS, keys.WORKERS_DISABLED],
-              args=[name, now, self.retention_s, *flat])  # fmt: skip
+        return ([keys.worker(name), keys.WORKERS, keys.WORKERS_DISABLED],
+                [name, now, self.retention_s, *flat])  # fmt: skip
 
     def start_task(self, name: str, activity: str, **task: Any) -> None:
         """``name`` began a task: ``activity`` (rendering...) and what (job, frame, tile...)."""
@@ -372,52 +388,46 @@ class Reporter:
 
 
 class Beacon:
-    """A process's heartbeat into the registry, on its own thread: identity and gauges
-    (``gauges()``, e.g. the GPU's utilisation) every ``every_s``."""
+    """A render worker's entry on the workers page, written with each beat of its device
+    agent (``DeviceAgent.beside``: one round trip for both): identity and gauges
+    (``gauges()``, e.g. the GPU's utilisation). The agent beats three times per timeout, so the
+    page sees the worker silent when the pool stops seeing its device."""
 
     def __init__(
         self,
         registry: WorkerRegistry,
         name: str,
         identity: dict[str, Any],
-        every_s: float,
         gauges: Callable[[], dict[str, Any]] = dict,
     ) -> None:
-        self.registry, self.name, self.every_s, self.gauges = registry, name, every_s, gauges
+        self.registry, self.name, self.gauges = registry, name, gauges
         # on the clock its beats and their readers use: its age is their difference
         self.identity = {**identity, "started": redisclock.now(registry.conn)}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="worker-beacon", daemon=True)
 
-    def beat(self) -> None:
+    def beat_in(self, pipe: Pipeline) -> Callable[[Sequence[Any]], None]:
+        """The beat sent with ``pipe``; the function returned reads its replies and logs a
+        beat Redis refused (the page shows the worker silent meanwhile)."""
         try:
             gauges = self.gauges()
         except Exception as exc:  # a gauge (NVML) failing must not silence the worker
             log.warning("event=gauge_failed worker=%s error=%r", self.name, exc)
             gauges = {}
-        self.registry.beat(self.name, {**self.identity, **gauges})
+        wrote = self.registry.beat_in(pipe, self.name, {**self.identity, **gauges})
 
-    def start(self) -> None:
-        self.beat()
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        def read(replies: Sequence[Any]) -> None:
             try:
-                self.beat()
-            except FarmError as exc:  # Redis away: the page shows it silent meanwhile
+                wrote(replies[0])
+            except FarmError as exc:
                 log.warning("event=beacon_failed worker=%s error=%r", self.name, exc.message)
 
-    def stop(self, forget: bool = True) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if forget:
-            try:
-                self.registry.forget(self.name)
-            except FarmError as exc:
-                log.warning("event=beacon_forget_failed worker=%s error=%r", self.name,
-                            exc.message)  # fmt: skip
+        return read
+
+    def forget(self) -> None:
+        """The worker stops cleanly: its entry leaves the page."""
+        try:
+            self.registry.forget(self.name)
+        except FarmError as exc:
+            log.warning("event=beacon_forget_failed worker=%s error=%r", self.name, exc.message)
 
 
 def _task_text(w: WorkerInfo) -> str:

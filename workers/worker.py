@@ -91,6 +91,7 @@ def serve(
     )
     tasks.install(ctx)
     beacon = _beacon(settings, ctx, agent)
+    agent.beside = beacon.beat_in  # the worker's beat rides on its agent's: one round trip
     blocklist.announce(conn, name, ctx.tags, settings.lease_ttl_s * 3)
     # Prometheus /metrics of this worker (tiles, durations, its GPU's NVML gauges)
     exporter = (
@@ -99,7 +100,6 @@ def serve(
         else None
     )
     agent.start()
-    beacon.start()
     sweeper = _Sweeper(ctx.sweep, every_s=settings.lease_ttl_s)
     sweeper.start()
     log.info("event=worker_ready worker=%s device=%s device_id=%s blender_pid=%s tags=%s", name,
@@ -119,8 +119,8 @@ def serve(
         if ctx.shutdown is not None:
             ctx.shutdown.close()
         sweeper.stop()
-        beacon.stop()
         agent.stop()
+        beacon.forget()
         if exporter is not None:
             exporter.stop()
         # The child holds nothing to save (every output is written atomically): skip
@@ -157,7 +157,8 @@ class _Sweeper:
 
 
 def _beacon(settings: Settings, ctx: tasks.WorkerContext, agent: DeviceAgent) -> workerstate.Beacon:
-    """The worker's heartbeat on the workers page: who it is, and its GPU's utilisation."""
+    """The worker's entry on the workers page (written with its agent's heartbeat): who it is,
+    and its GPU's utilisation."""
     device = ctx.device
     identity = {"kind": "render", "host": device.host, "pid": os.getpid(),
                 "queue": settings.device, "device_id": device.id,
@@ -169,9 +170,7 @@ def _beacon(settings: Settings, ctx: tasks.WorkerContext, agent: DeviceAgent) ->
         return {"utilization_pct": agent.nvml.device(device.index).utilization_pct}
 
     assert ctx.report.registry is not None
-    return workerstate.Beacon(
-        ctx.report.registry, ctx.name, identity, settings.agent_timeout_s / 3, gauges
-    )
+    return workerstate.Beacon(ctx.report.registry, ctx.name, identity, gauges)
 
 
 def _agent(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from farm import metrics
 from farm.alloc.allocator import DeviceOffer, SlotAllocator
@@ -13,9 +14,29 @@ from farm.alloc.devices import Device, host_devices, host_encoder_budget
 from farm.alloc.reconcile import Drift, LeaseView, reconcile, unexplained_vram_mib
 from farm.errors import FarmError, NvmlError
 from farm.gpu.types import GpuInfo, Nvml
+from farm.redisclient import guard
 from farm.settings import Settings
 
 log = logging.getLogger("tessera.agent")
+
+#: queues writes on a pipeline; the function it returns reads their replies
+Beside = Callable[[Any], Callable[[Sequence[Any]], None]]
+
+
+def heartbeat(
+    allocator: SlotAllocator, agent: str, host: str, offers: Sequence[DeviceOffer], ttl_s: float,
+    host_encoder_budget: int | None, beside: Beside | None = None,
+) -> None:  # fmt: skip
+    """An agent's registration (its heartbeat) and ``beside``'s writes, in one round trip. A
+    registration Redis refuses raises (``FarmError``), as ``SlotAllocator.register`` does;
+    ``beside`` reads its own replies."""
+    pipe = allocator.conn.pipeline(transaction=False)
+    registered = allocator.register_in(pipe, agent, host, offers, ttl_s, host_encoder_budget)
+    read_beside = beside(pipe) if beside is not None else None
+    replies = guard(pipe.execute, raise_on_error=False)
+    if read_beside is not None:
+        read_beside(replies[1:])
+    registered(replies[0])
 
 
 class DeviceAgent:
@@ -40,6 +61,9 @@ class DeviceAgent:
         self.devices = [d for d in host_devices(settings, nvml, hostname) if select(d)]
         self.budget = host_encoder_budget(settings, self.devices)
         self.drifts: list[Drift] = []
+        #: writes sent with each heartbeat, in its round trip (a render worker's entry on the
+        #: workers page: ``Beacon.beat_in``)
+        self.beside: Beside | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,14 +124,10 @@ class DeviceAgent:
         return drifts
 
     def beat(self) -> None:
-        """Register (again): capacities, availability and unexplained use, alive for a timeout."""
-        self.allocator.register(
-            self.name,
-            self.devices[0].host,
-            self.offers(),
-            ttl_s=self.settings.agent_timeout_s,
-            host_encoder_budget=self.budget,
-        )
+        """Register (again): capacities, availability and unexplained use, alive for a timeout;
+        with ``beside``'s writes in the same round trip."""
+        heartbeat(self.allocator, self.name, self.devices[0].host, self.offers(),
+                  self.settings.agent_timeout_s, self.budget, self.beside)  # fmt: skip
 
     def start(self) -> None:
         self.beat()

@@ -162,9 +162,31 @@ class SlotAllocator:
         host_encoder_budget: int | None = None,
     ) -> None:
         """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``."""
+        guard(self._register, args=self._registration(agent, host, devices, ttl_s,
+                                                       host_encoder_budget))  # fmt: skip
+
+    def register_in(
+        self,
+        pipe: Any,
+        agent: str,
+        host: str,
+        devices: Sequence[DeviceOffer],
+        ttl_s: float,
+        host_encoder_budget: int | None = None,
+    ) -> Callable[[Any], None]:
+        """``register`` sent with ``pipe``; the function returned reads its reply (raises as
+        ``register`` does)."""
+        args = self._registration(agent, host, devices, ttl_s, host_encoder_budget)
+        self._register.queue(pipe, args=args)
+        return lambda value: guard(self._register.reply, value, args=args)
+
+    def _registration(
+        self, agent: str, host: str, devices: Sequence[DeviceOffer], ttl_s: float,
+        host_encoder_budget: int | None,
+    ) -> list[Any]:  # fmt: skip
         budget = -1 if host_encoder_budget is None else host_encoder_budget
         payload = json.dumps([d.to_json() for d in devices])
-        guard(self._register, args=[self._now(), agent, int(ttl_s * 1000), host, budget, payload])
+        return [self._now(), agent, int(ttl_s * 1000), host, budget, payload]
 
     # --- leases --------------------------------------------------------------------------------
 
