@@ -10,8 +10,10 @@ work are simulated:
   host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.alloc.agent`` does.
 - **render workers**: one per device, no Blender: each is the farm's rq worker
   (``farm.queue.build_worker``), driven through rq's own steps around a task (the take with
-  its beats and rq's registry maintenance every 10 s, the execution's records before the task,
-  the success's after it); the task's own work is the simulation's. A worker starts the tile
+  its beats and rq's registry maintenance every 10 s, the operator's disabled flag read by the
+  pick (``--disabled-read apart``: in a round trip of its own before each take, as the worker
+  did before), the execution's records before the task, the success's after it); the task's
+  own work is the simulation's. A worker starts the tile
   (with the worker's own writes: the attempt's start record and the disabled flag,
   ``workers.tasks.begin_writes``), leases its device (a pinned request), shows the tile on the
   workers page, "renders" for a time drawn from an exponential distribution (mean
@@ -363,6 +365,10 @@ class Farm:
         # rq's Worker.work around a task: the take (with its beats, and rq's maintenance when
         # due), then SimpleWorker.execute_job and perform_job up to the task's function
         worker = self._worker(device_id)
+        if self.args.disabled_read == "apart":
+            # the worker's read of its disabled flag before each take, as it was before the
+            # pick read it in the take's own round trip
+            self.fig.timed("disabled", self.registry.is_disabled, f"w-{device_id}")
         got = worker.dequeue_job_and_maintain_ttl(None)
         if got is None:
             return None
@@ -671,6 +677,13 @@ def main() -> None:
         default="together",
         help="a render worker's agent heartbeat and workers-page beat: in one round trip "
         "(farm.alloc.agent.heartbeat), or apart as its two threads sent them before",
+    )
+    ap.add_argument(
+        "--disabled-read",
+        choices=("pick", "apart"),
+        default="pick",
+        help="a worker's disabled flag before each take: read by the pick (farm.queue), or "
+        "in a round trip of its own as before",
     )
     ap.add_argument(
         "--redis-config",

@@ -49,6 +49,8 @@ MAINTENANCE_INTERVAL_S = 10
 WORKER_TTL_S = 35
 #: how often a worker an operator disabled asks whether it may take work again
 HOLD_POLL_S = 0.5
+#: the pick's answer to a worker an operator disabled
+DISABLED = "disabled"
 #: a worker's beat is skipped where the one before left its registration's expiry within this
 #: many seconds of where the new one would set it (rq beats three times around every task)
 BEAT_COALESCE_S = 1.0
@@ -335,13 +337,20 @@ return 1
 #: in the same step, until the tile's lease would expire; renewed with it, freed at its end).
 #: Tiles of jobs the worker is blocklisted for (KEYS[3]) are left where they are: the first
 #: ARGV[4] of a band are looked at for one of another job.
-#: KEYS: the class's own queue, the bands index, the worker's blocklisted jobs.
+#: A worker an operator disabled (its name in KEYS[4]) takes nothing: the flag is read here, in
+#: the take's own round trip.
+#: KEYS: the class's own queue, the bands index, the worker's blocklisted jobs, the disabled
+#: workers.
 #: ARGV: the worker's tags (comma-separated), the tag limits (JSON), slot lease (s), scan depth,
-#: rq's prefix of a task's hash.
-#: Returns {queue key, task id, the task's hash (HGETALL: rq's fetch, in the same step)} or nil.
+#: rq's prefix of a task's hash, the worker's name.
+#: Returns {queue key, task id, the task's hash (HGETALL: rq's fetch, in the same step)}, nil,
+#: or DISABLED.
 _PICK = (
     keys.lua("tag_slots", "tiles", "TILE_DEADLINES")
     + _MARK_TAKEN
+    + f"""
+if ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[6]) == 1 then return '{DISABLED}' end
+"""
     + """
 local mine = {}
 for t in string.gmatch(ARGV[1], '[^,]+') do mine[t] = true end
@@ -419,10 +428,16 @@ BLOCKED_SCAN_DEPTH = 200
 BLOCKED_RETRY_S = 1.0
 
 
+class WorkerDisabled(Exception):
+    """The pick's answer to a worker an operator disabled: it takes nothing (``_FarmWorker``
+    holds it, idle)."""
+
+
 @dataclass(frozen=True)
 class Picker:
-    """What one worker's pick needs to know of it: its name (its blocklist), its tags and the
-    farm's tag limits, and how long a tag's slot lasts unless renewed (the tile lease)."""
+    """What one worker's pick needs to know of it: its name (its blocklist, its disabled flag),
+    its tags and the farm's tag limits, and how long a tag's slot lasts unless renewed (the
+    tile lease)."""
 
     worker: str = ""
     tags: frozenset[str] = frozenset()
@@ -454,11 +469,13 @@ class _BandedQueue(_FarmQueue):
         blocked_key = keys.worker_blocked(me.worker)
         tags = ",".join(sorted(me.tags))
         args: list[str | float] = [tags, json.dumps(me.limits), me.slot_lease_s, BLOCKED_SCAN_DEPTH,
-                                   Job.redis_job_namespace_prefix]  # fmt: skip
+                                   Job.redis_job_namespace_prefix, me.worker]  # fmt: skip
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             blocking_take = False
-            got = pick(keys=[base.key, bands_key, blocked_key], args=args)
+            got = pick(keys=[base.key, bands_key, blocked_key, keys.WORKERS_DISABLED], args=args)
+            if isinstance(got, bytes) and as_text(got) == DISABLED:
+                raise WorkerDisabled(me.worker)
             if got is None:
                 if deadline is None:
                     return None
@@ -563,8 +580,6 @@ class _FarmWorker(SimpleWorker):
     """
 
     on_signal: Callable[[int], None] | None = None
-    #: False while the worker must take no task (an operator disabled it): it waits, idle
-    may_take: Callable[[], bool] | None = None
     #: the clock of the beats' and the suspension check's spacing (seconds)
     clock = staticmethod(time.monotonic)
     #: when (``clock``) the registration's expiry, as the last beat set it, falls
@@ -579,16 +594,18 @@ class _FarmWorker(SimpleWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
-        if self.may_take is not None and not self.may_take():
-            # idle, so a stop signal meanwhile raises StopRequested (_farm_stop)
-            self.set_state(WorkerStatus.IDLE)
-            self.procline("disabled by an operator: taking no tasks")  # type: ignore[no-untyped-call]
-            while not self.may_take():
+        """rq's, held while an operator has disabled the worker (the pick says so): it takes
+        nothing, asks again every HOLD_POLL_S (each ask is a pick, one round trip, with rq's
+        beat when due) and stays idle, so a stop signal meanwhile raises StopRequested
+        (``_farm_stop``). In burst mode a disabled worker finds the queue as if empty."""
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except WorkerDisabled:
                 if timeout is None:
-                    return None  # burst: as if the queue were empty
-                self.heartbeat()
+                    return None
+                self.procline("disabled by an operator: taking no tasks")  # type: ignore[no-untyped-call]
                 time.sleep(HOLD_POLL_S)
-        return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """rq's heartbeat (the registration's date and two expiries) in one round trip, not
@@ -777,18 +794,17 @@ def run_worker(
     burst: bool = False,
     log_level: str = "INFO",
     on_signal: Callable[[int], None] | None = None,
-    may_take: Callable[[], bool] | None = None,
     picker: Picker | None = None,
 ) -> None:
     """Serve the device class's queue until stopped (SIGINT/SIGTERM) or, with ``burst``, empty.
-    While ``may_take()`` is False the worker takes nothing (and stays registered).
+    While an operator has disabled the worker (``farm workers disable``) it takes nothing (and
+    stays registered).
 
     The first SIGINT/SIGTERM stops the worker taking work once the current task returns; every
     signal is also passed to ``on_signal``, which decides how long the current task may run.
     """
     worker = build_worker(conn, device_class, name, picker)
     worker.on_signal = on_signal
-    worker.may_take = may_take
     logging.getLogger("rq.worker").setLevel(log_level)
     guard(worker.work, burst=burst, logging_level=log_level, with_scheduler=False)
 

@@ -318,18 +318,10 @@ class Reporter:
         #: outcomes counted during the current activity, written with its end
         self._counts: list[str] | None = None
 
-    def disabled(self) -> bool:
-        """Whether an operator disabled this worker; False when Redis cannot say (the task
-        that asks has just been taken from Redis: it goes on)."""
-        if self.registry is None:
-            return False
-        try:
-            return self.registry.is_disabled(self.name)
-        except FarmError:
-            return False
-
     def disabled_in(self, pipe: Pipeline) -> Callable[[Any], bool]:
-        """``disabled`` sent with ``pipe``; the function returned reads its reply."""
+        """Whether an operator disabled this worker, sent with ``pipe``; the function returned
+        reads its reply: False when Redis cannot say (the task that asks has just been taken
+        from Redis: it goes on)."""
         if self.registry is None:
             return lambda _reply: False
         self.registry.is_disabled_in(pipe, self.name)

@@ -112,7 +112,6 @@ def serve(
             burst=burst,
             log_level=settings.log_level,
             on_signal=ctx.shutdown.on_signal if ctx.shutdown else None,
-            may_take=lambda: not ctx.report.disabled(),
             picker=queue.Picker(name, ctx.tags, ctx.tag_limits, settings.lease_ttl_s),
         )
     finally:

@@ -5,6 +5,7 @@ rq set it, ``rq suspend``)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -15,9 +16,10 @@ from rq import Callback, Queue
 from rq.suspension import suspend
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from farm import keys
+from farm import jobstore, keys, workerstate
 from farm.errors import QueueError
 from farm.queue import (
+    HOLD_POLL_S,
     MAINTENANCE_INTERVAL_S,
     WORKER_TTL_S,
     RenderQueue,
@@ -182,3 +184,31 @@ def test_rqs_registry_maintenance_runs_once_an_interval_for_the_whole_farm(
     conn.delete(keys.rq_maintenance(queue_name))  # the interval ends
     b.clean_registries()
     assert not ghost_listed()
+
+
+def test_a_worker_an_operator_disabled_takes_nothing_until_enabled(redis_url: str) -> None:
+    """The pick reads the operator's flag in the take's own round trip (the worker read it in
+    one of its own before each take): a disabled worker takes nothing, in burst mode it finds
+    the queue as if empty, and a waiting one takes the task once enabled."""
+    conn = redis.Redis.from_url(redis_url)
+    queue = RenderQueue(conn, "cpu")
+    task = queue.queue.enqueue_call("builtins.len", args=([1, 2],), result_ttl=60)
+    registry = workerstate.WorkerRegistry(jobstore.connect(redis_url), silent_s=30,
+                                          retention_s=3600)  # fmt: skip
+    registry.beat("held", {"kind": "render"})
+    registry.set_disabled("held", True)
+    run_worker(conn, "cpu", "held", burst=True)
+    assert queue.depth() == 1 and task.get_status(refresh=True) == "queued"
+
+    worker = build_worker(conn, "cpu", "held")
+    worker.register_birth()  # type: ignore[no-untyped-call]
+    taken: list[object] = []
+    waiting = threading.Thread(target=lambda: taken.append(worker.dequeue_job_and_maintain_ttl(30)))
+    waiting.start()
+    time.sleep(3 * HOLD_POLL_S)
+    assert waiting.is_alive() and queue.depth() == 1  # held, asking again
+    registry.set_disabled("held", False)
+    waiting.join(10 * HOLD_POLL_S)
+    assert not waiting.is_alive()
+    ((job, _),) = taken  # type: ignore[misc]
+    assert job.id == task.id and queue.depth() == 0
