@@ -6,8 +6,9 @@ through ``farm.queue`` and ``farm.submission``, and the recovery sweep. Only the
 work are simulated:
 
 - **devices**: N GPUs over N/8 hosts, one class per host, cycling through every class of the
-  fake NVML (``farm.gpu.fake.FAKE_MODELS``: memory, NVENC engines, consumer session caps); each
-  host's agent re-registers its devices every ``agent_timeout / 3``, as ``farm.alloc.agent`` does.
+  fake NVML (``farm.gpu.fake.FAKE_MODELS``: memory, NVENC engines, consumer session caps),
+  registered once per host; the agents of each device's render worker and stream service keep
+  them alive (below).
 - **render workers**: one per device, no Blender: each is the farm's rq worker
   (``farm.queue.build_worker``), driven through rq's own steps around a task (the take with
   its beats and rq's registry maintenance every 10 s, the operator's disabled flag read by the
@@ -23,11 +24,13 @@ work are simulated:
   sends those writes one by one, as the worker did before); a frame's last tile queues its
   assembly (claim, then finish). Every worker runs the recovery sweep every lease period, and
   beats as a real one does: its device agent's heartbeat for its own device and its entry on
-  the workers page, every ``agent_timeout / 3``, in one round trip (``--worker-beats apart``
-  sends them one by one, as the worker did before).
+  the workers page, every ``agent_timeout / 3``, in one round trip (``--beats apart`` sends
+  them one by one, as the worker did before).
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
   placed by the allocator (an unpinned request over every class); the stream service of each
-  device renews its sessions' leases in one call every lease period / 3 (``renew_many``); the
+  device renews its sessions' leases in one call every lease period / 3 (``renew_many``) and
+  beats as a real one does (its device agent's heartbeat, its registration for the web and its
+  entry on the workers page, in one round trip every ``agent_timeout / 3``); the
   farm starts with the steady-state population (``--streams-per-device``).
 - **jobs** are submitted (10 frames of 2x2 tiles) whenever fewer tiles wait than there are
   devices, so workers are never starved; ``--priority-share`` of them have a priority.
@@ -77,7 +80,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E402
-from farm import jobstore, queue, workerstate  # noqa: E402
+from farm import jobstore, keys, queue, workerstate  # noqa: E402
 from farm.alloc.agent import heartbeat  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
@@ -206,32 +209,53 @@ class Farm:
         return hosts
 
     def register(self, host: str, budget: int | None, offers: list[DeviceOffer]) -> None:
+        """The host's devices' first registration (their processes' agents keep them alive)."""
         self.fig.timed(
             "heartbeat", self.alloc.register, f"agent-{host}", host, offers,
             ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
         )  # fmt: skip
-        self.at(AGENT_TIMEOUT_S / 3, lambda: self.register(host, budget, offers))
 
-    def worker_beat(self, host: str, budget: int | None, offer: DeviceOffer) -> None:
-        """A render worker's own beats (workers.worker): its device agent's heartbeat for its
-        one device with its entry on the workers page in the same round trip
-        (``farm.alloc.agent.heartbeat``); ``--worker-beats apart`` sends them one by one, as
-        the worker's two threads did."""
-        name = f"w-{offer.id}"
-        beacon = self.beacons.get(offer.id)
+    def device_beat(self, kind: str, host: str, budget: int | None, offer: DeviceOffer) -> None:
+        """A process's beats on a device, as the real one's (render: ``workers.worker``, stream:
+        ``encoder.service``): its device agent's heartbeat for its one device with its entry on
+        the workers page and, for a stream service, its registration (where the web finds it),
+        in one round trip (``farm.alloc.agent.heartbeat``). ``--beats apart`` sends them one
+        by one, as before (the worker's two threads; the service's agent thread, then its
+        event loop's registration and page entry)."""
+        name = f"{'w' if kind == 'render' else 'stream'}-{offer.id}"
+        beacon = self.beacons.get(name)
         if beacon is None:
-            identity = {"kind": "render", "host": host, "device_id": offer.id, "queue": "gpu"}
-            beacon = self.beacons[offer.id] = workerstate.Beacon(self.registry, name, identity)
-        if self.args.worker_beats == "together":
-            self.fig.timed("worker_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
-                           [offer], AGENT_TIMEOUT_S, budget, beacon.beat_in)  # fmt: skip
+            identity = {"kind": kind, "host": host, "device_id": offer.id, "queue": "gpu",
+                        "device_class": offer.device_class, "model": offer.model}  # fmt: skip
+            beacon = self.beacons[name] = workerstate.Beacon(self.registry, name, identity)
+        entry = None
+        if kind == "stream":  # encoder.service's registration, its size and shape
+            entry = json.dumps({"url": f"http://{host}:8701", "device_id": offer.id,
+                                "device_class": offer.device_class, "model": offer.model,
+                                "host": host, "pid": 4321, "started": 1.7e9,
+                                "encoder_sessions": offer.encoder_sessions,
+                                "encode_mpx_s": 512.0,
+                                "alive_until": self.now_ms / 1000 + AGENT_TIMEOUT_S})  # fmt: skip
+        if self.args.beats == "together":
+
+            def beside(pipe: Any) -> Callable[[Any], None]:
+                if entry is not None:
+                    pipe.hset(keys.STREAM_SERVICES, offer.id, entry)
+                page = beacon.beat_in(pipe)
+                return lambda replies: page(replies[-1:])
+
+            self.fig.timed(f"{kind}_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
+                           [offer], AGENT_TIMEOUT_S, budget, beside)  # fmt: skip
         else:
             self.fig.timed(
-                "worker_heartbeat", self.alloc.register, f"agent-{name}", host, [offer],
+                f"{kind}_heartbeat", self.alloc.register, f"agent-{name}", host, [offer],
                 ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,
             )  # fmt: skip
-            self.fig.timed("worker_beacon", self.registry.beat, name, beacon.identity)
-        self.at(AGENT_TIMEOUT_S / 3, lambda: self.worker_beat(host, budget, offer))
+            if entry is not None:
+                self.fig.timed("stream_registration", self.conn.hset, keys.STREAM_SERVICES,
+                               offer.id, entry)  # fmt: skip
+            self.fig.timed(f"{kind}_beacon", self.registry.beat, name, beacon.identity)
+        self.at(AGENT_TIMEOUT_S / 3, lambda: self.device_beat(kind, host, budget, offer))
 
     def _reporter(self, device_id: str) -> workerstate.Reporter:
         reporter = self.reporters.get(device_id)
@@ -487,8 +511,9 @@ class Farm:
             for device in offers:
                 self.at(self.rng.uniform(0, self.args.tile_s), self._idle_action(device))
                 self.at(self.rng.uniform(0, LEASE_TTL_S), self._sweep_action(device))
-                self.at(self.rng.uniform(0, AGENT_TIMEOUT_S / 3),
-                        self._beat_action(host, budget, device))  # fmt: skip
+                for kind in ("render", "stream"):
+                    self.at(self.rng.uniform(0, AGENT_TIMEOUT_S / 3),
+                            self._beat_action(kind, host, budget, device))  # fmt: skip
 
     def _idle_action(self, device: DeviceOffer) -> Callable[[], None]:
         return lambda: self.worker_idle(device)
@@ -497,9 +522,9 @@ class Farm:
         return lambda: self.sweep(device)
 
     def _beat_action(
-        self, host: str, budget: int | None, device: DeviceOffer
+        self, kind: str, host: str, budget: int | None, device: DeviceOffer
     ) -> Callable[[], None]:
-        return lambda: self.worker_beat(host, budget, device)
+        return lambda: self.device_beat(kind, host, budget, device)
 
 
 def redis_cpu_s(conn: redis.Redis) -> float:
@@ -672,11 +697,12 @@ def main() -> None:
         "each (workers.tasks), or one by one as before",
     )
     ap.add_argument(
-        "--worker-beats",
+        "--beats",
         choices=("together", "apart"),
         default="together",
-        help="a render worker's agent heartbeat and workers-page beat: in one round trip "
-        "(farm.alloc.agent.heartbeat), or apart as its two threads sent them before",
+        help="each render worker's and stream service's agent heartbeat, workers-page entry "
+        "and (a service) registration: in one round trip (farm.alloc.agent.heartbeat), or "
+        "one by one as before",
     )
     ap.add_argument(
         "--disabled-read",

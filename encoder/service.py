@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from encoder import capacity
@@ -71,7 +72,8 @@ class StreamService:
         #: the sessions' lease renewals, one call a tick for all of them
         self.renewals: Renewals | None = None
         self.agent: DeviceAgent | None = None
-        self._heartbeat: asyncio.Task[None] | None = None
+        #: its entry on the workers page, written with its agent's heartbeat
+        self.beacon: workerstate.Beacon | None = None
         #: megapixels a second the device encodes (configured, or measured at start)
         self.encode_mpx_s = settings.stream_encode_mpx_s
 
@@ -101,10 +103,12 @@ class StreamService:
 
     async def announce(self, url: str) -> None:
         """Serving at ``url``: registered in Redis (the web finds the service there) and kept
-        registered by a heartbeat until ``stop``."""
+        registered by its device agent's heartbeat, in the same round trip, until ``stop``."""
         self.url = url
-        await asyncio.to_thread(self._register)
-        self._heartbeat = asyncio.create_task(self._beat(), name="stream-registration")
+        agent = self.agent
+        assert agent is not None, "the service is not started"
+        agent.beside = self._registration_in
+        await asyncio.to_thread(agent.beat)
         log.info("event=stream_service_ready name=%s device=%s url=%s encode_sessions=%d "
                  "encode_mpx_s=%.1f", self.name, self.device.id, self.url,
                  self.device.encoder_sessions, self.encode_mpx_s)  # fmt: skip
@@ -134,14 +138,12 @@ class StreamService:
 
     async def stop(self) -> None:
         await self.end_sessions()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        if self.agent is not None:
+            # no beat after this: it would register the service again
+            await asyncio.to_thread(self.agent.stop)
+        if self.url:
             with contextlib.suppress(FarmError):
                 await asyncio.to_thread(self._unregister)
-        if self.agent is not None:
-            await asyncio.to_thread(self.agent.stop)
         if self.conn is not None:
             self.conn.close()
         log.info("event=stream_service_stopped name=%s", self.name)
@@ -178,28 +180,45 @@ class StreamService:
             "alive_until": now + self.settings.agent_timeout_s,
         }
 
-    def _register(self) -> None:
-        entry = json.dumps(self.registration(redisclock.now(self._redis())))  # (on a thread)
-        guard(self._redis().hset, keys.STREAM_SERVICES, self.device.id, entry)
-        self._workers_entry()
+    def _registration_in(self, pipe: Any) -> Callable[[Sequence[Any]], None]:
+        """The service's registration (the web finds it there) and its entry on the workers
+        page, sent with ``pipe``: its device agent's heartbeat (``DeviceAgent.beside``). The
+        function returned reads their replies and logs a write Redis refused."""
+        entry = json.dumps(self.registration(redisclock.now(self._redis())))
+        pipe.hset(keys.STREAM_SERVICES, self.device.id, entry)
+        page = self._beacon().beat_in(pipe)
 
-    def _workers_entry(self) -> None:
-        """The service on the workers page: its device, sessions and GPU utilisation."""
-        device = self.device
-        sessions = len(self.sessions)
+        def read(replies: Sequence[Any]) -> None:
+            if isinstance(replies[0], Exception):
+                log.warning("event=registration_failed error=%r", str(replies[0]))
+            page(replies[1:])
+
+        return read
+
+    def _beacon(self) -> workerstate.Beacon:
+        """The service on the workers page: its device, its sessions and its GPU's
+        utilisation."""
+        if self.beacon is None:
+            device = self.device
+            identity = {"kind": "stream", "host": device.host, "pid": os.getpid(),
+                        "queue": self.settings.device, "device_id": device.id,
+                        "device_class": device.device_class, "model": device.model,
+                        "started": self.started}  # fmt: skip
+            registry = workerstate.registry_for(self._redis(), self.settings)
+            self.beacon = workerstate.Beacon(registry, self.name, identity, self._gauges)
+        return self.beacon
+
+    def _gauges(self) -> dict[str, Any]:
+        device, sessions = self.device, len(self.sessions)
         util = None
         if self.nvml is not None and device.index is not None:
             with contextlib.suppress(FarmError):
                 util = self.nvml.device(device.index).utilization_pct
-        registry = workerstate.registry_for(self._redis(), self.settings)
-        registry.beat(self.name, {
-            "kind": "stream", "host": device.host, "pid": os.getpid(),
-            "queue": self.settings.device, "device_id": device.id,
-            "device_class": device.device_class, "model": device.model,
-            "started": self.started, "activity": "streaming" if sessions else "idle",
+        return {
+            "activity": "streaming" if sessions else "idle",
             "task": f"{sessions} session{'s' if sessions != 1 else ''}" if sessions else "",
             "utilization_pct": util,
-        })  # fmt: skip
+        }
 
     def _unregister(self) -> None:
         conn = self._redis()
@@ -208,14 +227,6 @@ class StreamService:
         if raw is not None and json.loads(raw).get("url") == self.url:
             guard(conn.hdel, keys.STREAM_SERVICES, self.device.id)
         workerstate.registry_for(conn, self.settings).forget(self.name)
-
-    async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.agent_timeout_s / 3)
-            try:
-                await asyncio.to_thread(self._register)
-            except FarmError as exc:
-                log.warning("event=registration_failed error=%r", exc.message)
 
     def _redis(self) -> Redis:
         assert self.conn is not None

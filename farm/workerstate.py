@@ -380,10 +380,10 @@ class Reporter:
 
 
 class Beacon:
-    """A render worker's entry on the workers page, written with each beat of its device
-    agent (``DeviceAgent.beside``: one round trip for both): identity and gauges
-    (``gauges()``, e.g. the GPU's utilisation). The agent beats three times per timeout, so the
-    page sees the worker silent when the pool stops seeing its device."""
+    """A render worker's or a stream service's entry on the workers page, written with each
+    beat of its device agent (``DeviceAgent.beside``: one round trip for both): identity and
+    gauges (``gauges()``, e.g. the GPU's utilisation). The agent beats three times per
+    timeout, so the page sees the process silent when the pool stops seeing its device."""
 
     def __init__(
         self,
@@ -393,8 +393,9 @@ class Beacon:
         gauges: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self.registry, self.name, self.gauges = registry, name, gauges
-        # on the clock its beats and their readers use: its age is their difference
-        self.identity = {**identity, "started": redisclock.now(registry.conn)}
+        # on the clock its beats and their readers use: its age is their difference (a
+        # ``started`` in ``identity`` is the process's own, read the same way)
+        self.identity = {"started": redisclock.now(registry.conn), **identity}
 
     def beat_in(self, pipe: Pipeline) -> Callable[[Sequence[Any]], None]:
         """The beat sent with ``pipe``; the function returned reads its replies and logs a

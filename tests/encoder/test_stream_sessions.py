@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 import redis
 
 from encoder.app import running
+from encoder.service import StreamService
 from farm import browserrules, keys, workerstate
 from farm.alloc.allocator import SlotAllocator
 from farm.settings import Settings
@@ -242,6 +245,28 @@ def test_farm_stream_serves_registers_and_unregisters(
             proc.communicate()
 
 
+def test_a_services_heartbeat_registration_and_workers_page_entry_are_one_round_trip(
+    stream_service: StreamService, stream_settings: Settings, round_trips: Counter[str]
+) -> None:
+    """Its device agent's heartbeat (the device alive in the pool), its registration (the web
+    finds it there) and its entry on the workers page were three round trips every beat."""
+    agent = stream_service.agent
+    assert agent is not None
+    conn = redis.Redis.from_url(stream_settings.redis_url, decode_responses=True)
+    conn.delete(keys.STREAM_SERVICES, keys.worker(stream_service.name))
+    me = threading.current_thread().name
+    before = round_trips[me]
+    agent.beat()
+    assert round_trips[me] - before == 1
+    entry = json.loads(conn.hget(keys.STREAM_SERVICES, stream_service.device.id) or "{}")
+    assert entry["url"] == stream_service.url
+    listed = workerstate.registry_for(conn, stream_settings).get(stream_service.name)
+    assert listed is not None and (listed.kind, listed.state) == ("stream", "idle")
+    (device,) = SlotAllocator(conn).devices([stream_service.device.id])
+    assert device.alive
+    conn.close()
+
+
 def test_a_farm_stream_process_on_the_fake_t4_runs_through_the_test_entry_point(
     stream_settings: Settings, redis_url: str, tmp_path: Path
 ) -> None:
@@ -336,7 +361,8 @@ def test_a_gpu_service_accounts_nvenc_sessions_and_vram_on_its_gpu(
         assert live.pipeline is not None and live.pipeline.encoder.options["gpu"] == "0"
         # its next heartbeat puts its session and its GPU's utilisation on the workers page
         service.nvml.set_usage(0, utilization_pct=37)  # type: ignore[union-attr]
-        service._register()
+        assert service.agent is not None
+        service.agent.beat()
         conn = redis.Redis.from_url(redis_url, decode_responses=True)
         listed = workerstate.registry_for(conn, settings).get(service.name)
         conn.close()

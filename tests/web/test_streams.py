@@ -271,6 +271,7 @@ async def test_a_stream_service_whose_clock_runs_behind_stays_listed(
         assert service.conn is not None
         host_clock(service.conn, behind)
         with process_clock(monkeypatch, behind):  # the service's heartbeat, on that host
-            await asyncio.to_thread(service._register)
+            assert service.agent is not None
+            await asyncio.to_thread(service.agent.beat)
         got = await client.get("/api/streams/apps", headers=bearer(tokens.alice))
         assert got.status == 200, await got.text()
