@@ -23,14 +23,16 @@ work are simulated:
   counted, the lease's release: ``workers.tasks.end_writes``; ``--tile-writes one-by-one``
   sends those writes one by one, as the worker did before); a frame's last tile queues its
   assembly (claim, then finish). Every worker runs the recovery sweep every lease period, and
-  beats as a real one does: its device agent's heartbeat for its own device and its entry on
-  the workers page, every ``agent_timeout / 3``, in one round trip (``--beats apart`` sends
-  them one by one, as the worker did before).
+  beats as a real one does: its device agent's read of its device's leases (a GPU agent
+  reconciles them with NVML), then its heartbeat with its entry on the workers page, every
+  ``agent_timeout / 3``, in one round trip (``--beats apart`` sends them one by one, as the
+  worker did before).
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
   placed by the allocator (an unpinned request over every class); the stream service of each
   device renews its sessions' leases in one call every lease period / 3 (``renew_many``) and
-  beats as a real one does (its device agent's heartbeat, its registration for the web and its
-  entry on the workers page, in one round trip every ``agent_timeout / 3``); the
+  beats as a real one does (its agent's read of its device's leases, then its heartbeat, its
+  registration for the web and its entry on the workers page in one round trip, every
+  ``agent_timeout / 3``); the
   farm starts with the steady-state population (``--streams-per-device``).
 - **jobs** are submitted (10 frames of 2x2 tiles) whenever fewer tiles wait than there are
   devices, so workers are never starved; ``--priority-share`` of them have a priority.
@@ -236,6 +238,9 @@ class Farm:
                                 "encoder_sessions": offer.encoder_sessions,
                                 "encode_mpx_s": 512.0,
                                 "alive_until": self.now_ms / 1000 + AGENT_TIMEOUT_S})  # fmt: skip
+        # a GPU agent reads its devices' leases to reconcile them with NVML before each beat
+        # (farm.alloc.agent: DeviceAgent._reconcile); every device here is a GPU
+        self.fig.timed("lease_snapshot", self.alloc.devices, [offer.id])
         if self.args.beats == "together":
 
             def beside(pipe: Any) -> Callable[[Any], None]:
