@@ -23,16 +23,16 @@ work are simulated:
   counted, the lease's release: ``workers.tasks.end_writes``; ``--tile-writes one-by-one``
   sends those writes one by one, as the worker did before); a frame's last tile queues its
   assembly (claim, then finish). Every worker runs the recovery sweep every lease period, and
-  beats as a real one does: its device agent's read of its device's leases (a GPU agent
-  reconciles them with NVML), then its heartbeat with its entry on the workers page, every
-  ``agent_timeout / 3``, in one round trip (``--beats apart`` sends them one by one, as the
-  worker did before).
+  beats as a real one does: its device agent's heartbeat (a GPU's, with NVML's memory in use,
+  for the registration to work out what no lease explains) with its entry on the workers page,
+  in one round trip every ``agent_timeout / 3`` (``--beats apart`` sends them one by one, as
+  the worker did before: the agent's read of its device's leases, its heartbeat, its page
+  entry).
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
   placed by the allocator (an unpinned request over every class); the stream service of each
   device renews its sessions' leases in one call every lease period / 3 (``renew_many``) and
-  beats as a real one does (its agent's read of its device's leases, then its heartbeat, its
-  registration for the web and its entry on the workers page in one round trip, every
-  ``agent_timeout / 3``); the
+  beats as a real one does (its agent's heartbeat, its registration for the web and its entry
+  on the workers page in one round trip, every ``agent_timeout / 3``); the
   farm starts with the steady-state population (``--streams-per-device``).
 - **jobs** are submitted (10 frames of 2x2 tiles) whenever fewer tiles wait than there are
   devices, so workers are never starved; ``--priority-share`` of them have a priority.
@@ -66,7 +66,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,8 @@ from workers.tasks import AttemptEnd, begin_writes, end_writes, renew_leases  # 
 
 LEASE_TTL_S = 15.0
 AGENT_TIMEOUT_S = 15.0
+#: memory NVML sees in use on an idle simulated GPU (the driver's), MiB
+DRIVER_MIB = 300
 #: NVENC sessions per engine on data-centre cards; consumer hosts are capped per system
 SESSIONS_PER_ENGINE = 8
 CONSUMER_HOST_SESSIONS = 8
@@ -238,9 +240,6 @@ class Farm:
                                 "encoder_sessions": offer.encoder_sessions,
                                 "encode_mpx_s": 512.0,
                                 "alive_until": self.now_ms / 1000 + AGENT_TIMEOUT_S})  # fmt: skip
-        # a GPU agent reads its devices' leases to reconcile them with NVML before each beat
-        # (farm.alloc.agent: DeviceAgent._reconcile); every device here is a GPU
-        self.fig.timed("lease_snapshot", self.alloc.devices, [offer.id])
         if self.args.beats == "together":
 
             def beside(pipe: Any) -> Callable[[Any], None]:
@@ -249,9 +248,14 @@ class Farm:
                 page = beacon.beat_in(pipe)
                 return lambda replies: page(replies[-1:])
 
+            # a GPU agent's offer carries NVML's memory in use (the driver's own here)
+            read = replace(offer, observed_vram_mib=DRIVER_MIB)
             self.fig.timed(f"{kind}_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
-                           [offer], AGENT_TIMEOUT_S, budget, beside)  # fmt: skip
+                           [read], AGENT_TIMEOUT_S, budget, beside)  # fmt: skip
         else:
+            # a GPU agent read its devices' leases to reconcile them with NVML before each beat
+            # (the registration now works that out and returns them); every device here is a GPU
+            self.fig.timed("lease_snapshot", self.alloc.devices, [offer.id])
             self.fig.timed(
                 f"{kind}_heartbeat", self.alloc.register, f"agent-{name}", host, [offer],
                 ttl_s=AGENT_TIMEOUT_S, host_encoder_budget=budget,

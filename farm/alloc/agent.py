@@ -11,7 +11,7 @@ from typing import Any
 from farm import metrics
 from farm.alloc.allocator import DeviceOffer, SlotAllocator
 from farm.alloc.devices import Device, host_devices, host_encoder_budget
-from farm.alloc.reconcile import Drift, LeaseView, reconcile, unexplained_vram_mib
+from farm.alloc.reconcile import Drift, LeaseView, reconcile
 from farm.errors import FarmError, NvmlError
 from farm.gpu.types import GpuInfo, Nvml
 from farm.redisclient import guard
@@ -26,17 +26,17 @@ Beside = Callable[[Any], Callable[[Sequence[Any]], None]]
 def heartbeat(
     allocator: SlotAllocator, agent: str, host: str, offers: Sequence[DeviceOffer], ttl_s: float,
     host_encoder_budget: int | None, beside: Beside | None = None,
-) -> None:  # fmt: skip
-    """An agent's registration (its heartbeat) and ``beside``'s writes, in one round trip. A
-    registration Redis refuses raises (``FarmError``), as ``SlotAllocator.register`` does;
-    ``beside`` reads its own replies."""
+) -> dict[str, LeaseView]:  # fmt: skip
+    """An agent's registration (its heartbeat) and ``beside``'s writes, in one round trip;
+    returns what ``SlotAllocator.register`` does. A registration Redis refuses raises
+    (``FarmError``), as ``register`` does; ``beside`` reads its own replies."""
     pipe = allocator.conn.pipeline(transaction=False)
     registered = allocator.register_in(pipe, agent, host, offers, ttl_s, host_encoder_budget)
     read_beside = beside(pipe) if beside is not None else None
     replies = guard(pipe.execute, raise_on_error=False)
     if read_beside is not None:
         read_beside(replies[1:])
-    registered(replies[0])
+    return registered(replies[0])
 
 
 class DeviceAgent:
@@ -72,25 +72,16 @@ class DeviceAgent:
         # three beats per timeout: one lost beat never drops the devices
         return self.settings.agent_timeout_s / 3
 
-    def offers(self) -> list[DeviceOffer]:
-        """The devices as they are now: a GPU NVML cannot read is offered as unavailable."""
-        gpus: list[GpuInfo] = []
-        faults: dict[str, str] = {}
-        for device in self.devices:
-            if device.index is None or self.nvml is None:
-                continue
-            try:
-                gpus.append(self.nvml.device(device.index))
-            except NvmlError as exc:
-                faults[device.id] = exc.message
-        self.drifts = self._reconcile(gpus) if gpus else []
-        metrics.observe_gpus(self.devices, gpus)
-        energy = {d.id: g.energy_j for d in self.devices for g in gpus if d.index == g.index}
+    def offers(self, gpus: Sequence[GpuInfo], faults: dict[str, str]) -> list[DeviceOffer]:
+        """The devices as they are now: a GPU NVML cannot read (``faults``) is offered as
+        unavailable; one it read (``gpus``) with the memory it sees in use, from which the
+        registration works out, against the leases at that instant, what no lease explains.
+        This agent knows only its own pids (a stream service's process beside a render worker
+        would look foreign), so only memory beyond every lease is held back."""
+        seen = {gpu.uuid: gpu for gpu in gpus}
         offers = []
         for device in self.devices:
-            # this agent knows only its own pids: a stream service's process beside a render
-            # worker would look foreign, so only memory beyond every lease is held back
-            unexplained = unexplained_vram_mib(self.drifts, device.id, count_foreign=False)
+            gpu = seen.get(device.id)
             offers.append(
                 DeviceOffer(
                     id=device.id,
@@ -101,19 +92,37 @@ class DeviceAgent:
                     render_slots=device.render_slots,
                     available=device.id not in faults,
                     unavailable_reason=faults.get(device.id, ""),
-                    unexplained_vram_mib=unexplained,
-                    energy_j=energy.get(device.id),
+                    energy_j=None if gpu is None else gpu.energy_j,
+                    observed_vram_mib=None if gpu is None else gpu.memory_used_mib,
                 )
             )
         return offers
 
-    def _reconcile(self, gpus: list[GpuInfo]) -> list[Drift]:
-        leases: dict[str, LeaseView] = {}
-        # only this agent's devices: a beat costs nothing in the farm's size
-        for state in self.allocator.devices([d.id for d in self.devices]):
-            leases[state.id] = LeaseView(
-                state.used_vram_mib, state.used_encoder_sessions, len(state.leases)
-            )
+    def read_gpus(self) -> tuple[list[GpuInfo], dict[str, str]]:
+        """NVML's reading of this agent's GPUs now, and the devices it could not read (why)."""
+        gpus: list[GpuInfo] = []
+        faults: dict[str, str] = {}
+        for device in self.devices:
+            if device.index is None or self.nvml is None:
+                continue
+            try:
+                gpus.append(self.nvml.device(device.index))
+            except NvmlError as exc:
+                faults[device.id] = exc.message
+        return gpus, faults
+
+    def beat(self) -> None:
+        """Register (again): capacities, availability and unexplained use, alive for a timeout;
+        with ``beside``'s writes in the same round trip. Then the drift between the leases,
+        as the registration saw them, and NVML's reading is logged (``drifts``)."""
+        gpus, faults = self.read_gpus()
+        metrics.observe_gpus(self.devices, gpus)
+        leases = heartbeat(self.allocator, self.name, self.devices[0].host,
+                           self.offers(gpus, faults), self.settings.agent_timeout_s, self.budget,
+                           self.beside)  # fmt: skip
+        self.drifts = self._reconcile(gpus, leases) if gpus else []
+
+    def _reconcile(self, gpus: list[GpuInfo], leases: dict[str, LeaseView]) -> list[Drift]:
         # only this agent's GPUs: another agent's devices are not ours to judge
         mine = [d for d in self.devices if d.index is not None]
         drifts = reconcile(mine, leases, gpus, self.farm_pids())
@@ -122,12 +131,6 @@ class DeviceAgent:
                         self.name, drift.device_id, drift.kind, drift.expected, drift.observed,
                         drift.message)  # fmt: skip
         return drifts
-
-    def beat(self) -> None:
-        """Register (again): capacities, availability and unexplained use, alive for a timeout;
-        with ``beside``'s writes in the same round trip."""
-        heartbeat(self.allocator, self.name, self.devices[0].host, self.offers(),
-                  self.settings.agent_timeout_s, self.budget, self.beside)  # fmt: skip
 
     def start(self) -> None:
         self.beat()

@@ -14,6 +14,7 @@ from typing import Any
 from farm import keys
 from farm.accounts import check_role
 from farm.alloc import policy, scripts
+from farm.alloc.reconcile import LeaseView, Tolerance
 from farm.errors import BadParameter, LeaseLost, NeverFits, NoCapacity
 from farm.redisclient import Redis, guard
 
@@ -111,9 +112,16 @@ class DeviceOffer:
     unexplained_vram_mib: int = 0
     #: NVML's energy counter in joules (since the driver loaded); None where not reported
     energy_j: float | None = None
+    #: the memory NVML sees in use (an agent that reconciles its GPU): the registration then
+    #: works out the unexplained memory itself, against the leases at that instant, and
+    #: ``unexplained_vram_mib`` is not used; None where not read
+    observed_vram_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        observed = {} if self.observed_vram_mib is None else {
+            "observed_vram_mib": self.observed_vram_mib}  # fmt: skip
         return {
+            **observed,
             "id": self.id,
             "device_class": self.device_class,
             "model": self.model,
@@ -160,10 +168,13 @@ class SlotAllocator:
         devices: Sequence[DeviceOffer],
         ttl_s: float,
         host_encoder_budget: int | None = None,
-    ) -> None:
-        """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``."""
-        guard(self._register, args=self._registration(agent, host, devices, ttl_s,
-                                                       host_encoder_budget))  # fmt: skip
+    ) -> dict[str, LeaseView]:
+        """Offer (or re-offer: this is also the heartbeat) an agent's devices for ``ttl_s``.
+        Returns the leases, summed, of each device offered with ``observed_vram_mib``, as they
+        were when its unexplained memory was worked out (the agent's reconciliation)."""
+        reply = guard(self._register, args=self._registration(agent, host, devices, ttl_s,
+                                                               host_encoder_budget))  # fmt: skip
+        return _lease_views(reply)
 
     def register_in(
         self,
@@ -173,12 +184,12 @@ class SlotAllocator:
         devices: Sequence[DeviceOffer],
         ttl_s: float,
         host_encoder_budget: int | None = None,
-    ) -> Callable[[Any], None]:
-        """``register`` sent with ``pipe``; the function returned reads its reply (raises as
-        ``register`` does)."""
+    ) -> Callable[[Any], dict[str, LeaseView]]:
+        """``register`` sent with ``pipe``; the function returned reads its reply (what
+        ``register`` returns or raises)."""
         args = self._registration(agent, host, devices, ttl_s, host_encoder_budget)
         self._register.queue(pipe, args=args)
-        return lambda value: guard(self._register.reply, value, args=args)
+        return lambda value: _lease_views(guard(self._register.reply, value, args=args))
 
     def _registration(
         self, agent: str, host: str, devices: Sequence[DeviceOffer], ttl_s: float,
@@ -186,7 +197,9 @@ class SlotAllocator:
     ) -> list[Any]:  # fmt: skip
         budget = -1 if host_encoder_budget is None else host_encoder_budget
         payload = json.dumps([d.to_json() for d in devices])
-        return [self._now(), agent, int(ttl_s * 1000), host, budget, payload]
+        tolerance = Tolerance()
+        return [self._now(), agent, int(ttl_s * 1000), host, budget, payload,
+                tolerance.vram_mib, tolerance.vram_fraction]  # fmt: skip
 
     # --- leases --------------------------------------------------------------------------------
 
@@ -370,3 +383,13 @@ class SlotAllocator:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _lease_views(reply: Any) -> dict[str, LeaseView]:
+    """The registration's reply, {device id, leased VRAM, leased encoder sessions, leases, ...},
+    by device."""
+    flat = list(reply or ())
+    return {
+        _text(flat[i]): LeaseView(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]))
+        for i in range(0, len(flat), 4)
+    }

@@ -133,22 +133,6 @@ def reconcile(
     return drifts
 
 
-def unexplained_vram_mib(drifts: list[Drift], device_id: str, count_foreign: bool = True) -> int:
-    """VRAM on ``device_id`` that no lease explains: the allocator keeps it out of free capacity.
-
-    A foreign process's memory is part of memory in use, so the two are not added: the larger
-    counts (foreign memory alone may sit within the tolerance and still be truly taken).
-    ``count_foreign=False`` when "foreign" may be another farm process on the same GPU (an agent
-    knows only its own pids): only memory beyond every lease is held back then.
-    """
-    mine = [drift for drift in drifts if drift.device_id == device_id]
-    memory = sum(d.excess for d in mine if d.kind is DriftKind.MEMORY)
-    if not count_foreign:
-        return memory
-    foreign = sum(d.observed for d in mine if d.kind is DriftKind.FOREIGN_PROCESS)
-    return max(memory, foreign)
-
-
 def unexplained_encoder_sessions(drifts: list[Drift], device_id: str) -> int:
     """NVENC sessions on ``device_id`` that no stream lease explains."""
     return sum(d.excess for d in drifts if d.device_id == device_id and d.kind is DriftKind.ENCODER)

@@ -542,25 +542,50 @@ end
 return cjson.encode({now, out})
 """
 
-# ARGV: now|'', agent, ttl_ms, host, host_budget (-1 none), devices JSON
+# ARGV: now|'', agent, ttl_ms, host, host_budget (-1 none), devices JSON, tolerance MiB,
+#       tolerance fraction
 # (register and heartbeat are one idempotent call: capacities may change between beats; a
 # device offered by several agents, a render worker and a stream service, lives while any beats)
+# A device offered with the memory NVML sees in use (``observed_vram_mib``: an agent that
+# reconciles its GPUs) has its unexplained memory worked out here, against its leases at this
+# instant (farm.alloc.reconcile: beyond the tolerance, what no lease explains is held back),
+# and its leases as they were then are returned for the agent's own reconciliation:
+# -> {device id, leased VRAM MiB, leased encoder sessions, leases, ...} for those devices
 _REGISTER = r"""
 local now = clock(ARGV[1])
 local until_ms = now + tonumber(ARGV[3])
+local offers = cjson.decode(ARGV[6])
+local views = {}
+for _, d in ipairs(offers) do
+  -- the pool as an agent that reconciles reads it: what expired is reclaimed first
+  if d['observed_vram_mib'] then reclaim(now); break end
+end
 redis.call('SET', keys.agent(ARGV[2]), 'alive', 'PX', ARGV[3])
 redis.call('HSET', keys.host(ARGV[4]), 'budget', ARGV[5])
 redis.call('HSETNX', keys.host(ARGV[4]), 'used_enc', 0)
-for _, d in ipairs(cjson.decode(ARGV[6])) do
+for _, d in ipairs(offers) do
   local dk = keys.device(d['id'])
-  local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape', 'offer')
+  local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape', 'offer', 'used_vram',
+                         'used_enc')
   local alive_until = math.max(tonumber(old[1] or '0'), until_ms)
   redis.call('HSET', dk, 'alive_until', alive_until)
   redis.call('ZADD', keys.DEVICE_ALIVE, alive_until, d['id'])
   local class = d['device_class']
+  local unexplained = d['unexplained_vram_mib']
+  local observed = d['observed_vram_mib']
+  if observed then
+    local leased = tonumber(old[5] or '0')
+    local allowed = leased + tonumber(ARGV[7]) + math.floor(leased * tonumber(ARGV[8]))
+    unexplained = 0
+    if observed > allowed then unexplained = observed - leased end
+    table.insert(views, d['id'])
+    table.insert(views, leased)
+    table.insert(views, tonumber(old[6] or '0'))
+    table.insert(views, redis.call('SCARD', keys.device_leases(d['id'])))
+  end
   local offer = table.concat({ARGV[2], ARGV[4], class, d['model'], d['vram_mib'],
                               d['encoder_sessions'], d['render_slots'], d['available'],
-                              d['unavailable_reason'], d['unexplained_vram_mib']}, '|')
+                              d['unavailable_reason'], unexplained}, '|')
   -- a beat that changes nothing of a live device only moves its deadline (three calls)
   local changed = old[4] ~= offer or tonumber(old[1] or '0') < now
   if changed then
@@ -568,7 +593,7 @@ for _, d in ipairs(cjson.decode(ARGV[6])) do
                'model', d['model'], 'vram', d['vram_mib'], 'enc', d['encoder_sessions'],
                'slots', d['render_slots'], 'available', d['available'],
                'unavailable_reason', d['unavailable_reason'],
-               'unexplained_vram', d['unexplained_vram_mib'], 'offer', offer)
+               'unexplained_vram', unexplained, 'offer', offer)
     for _, field in ipairs({'used_vram', 'used_enc', 'used_slots', 'token'}) do
       redis.call('HSETNX', dk, field, 0)
     end
@@ -620,7 +645,7 @@ end
 -- a holder that died after the farm's last grant would otherwise keep its lease, unrecorded
 -- in usage, until the next grant (seen in the chaos suite: a worker killed as it was granted).
 reclaim(now)
-return 1
+return views
 """
 
 #: the scripts above as one Redis function library (farm.luafunctions): the prelude is defined

@@ -10,7 +10,6 @@ from farm.alloc.reconcile import (
     Tolerance,
     reconcile,
     unexplained_encoder_sessions,
-    unexplained_vram_mib,
 )
 from farm.gpu.fake import FakeNvml
 from farm.gpu.types import GpuProcess
@@ -41,7 +40,6 @@ def test_usage_matching_the_leases_within_tolerance_is_no_drift() -> None:
     )
     nvml.set_usage(1, memory_used_mib=400)  # idle GPU: driver overhead only
     assert drifts_of(nvml, devices, leases) == []
-    assert unexplained_vram_mib([], l4.id) == 0
 
 
 def test_memory_beyond_the_leases_is_drift() -> None:
@@ -54,8 +52,7 @@ def test_memory_beyond_the_leases_is_drift() -> None:
     assert (drift.expected, drift.observed) == (8000, 9313)
     assert "9313 MiB" in drift.message and "8000 MiB" in drift.message
     assert "\n" not in drift.message
-    assert unexplained_vram_mib([drift], l4.id) == 1313
-    assert unexplained_vram_mib([drift], "another-device") == 0
+    assert drift.excess == 1313
 
 
 def test_tolerance_is_configurable() -> None:
@@ -88,16 +85,13 @@ def test_a_foreign_process_is_named_with_its_memory() -> None:
     assert drift.kind is DriftKind.FOREIGN_PROCESS and drift.pid == 31337
     assert drift.observed == 300
     assert "pid 31337" in drift.message and "300 MiB" in drift.message
-    # within the memory tolerance, but that memory is still taken
-    assert unexplained_vram_mib([drift], t4.id) == 300
 
 
-def test_foreign_memory_is_not_counted_twice() -> None:
+def test_a_foreign_process_beyond_the_tolerance_is_memory_drift_too() -> None:
     nvml, (t4,) = host(["t4"])
     nvml.set_usage(0, memory_used_mib=6000, processes=[GpuProcess(4242, 5500)])
     drifts = drifts_of(nvml, [t4], {})
     assert sorted(d.kind for d in drifts) == [DriftKind.FOREIGN_PROCESS, DriftKind.MEMORY]
-    assert unexplained_vram_mib(drifts, t4.id) == 6000
 
 
 def test_a_device_nvml_no_longer_reports_is_lost() -> None:
@@ -113,14 +107,3 @@ def test_the_cpu_device_never_drifts() -> None:
     devices = host_devices(Settings(), None, hostname="h", cpu_count=8, memory_mib=8192)
     leases = {devices[0].id: LeaseView(vram_mib=99999, encoder_sessions=99, count=99)}
     assert reconcile(devices, leases, [], set()) == []
-
-
-def test_foreign_memory_can_be_left_out_of_what_is_held_back() -> None:
-    # an agent that cannot tell another farm process from a stranger holds back only the
-    # memory beyond every lease
-    drifts = [
-        Drift("gpu-0", DriftKind.MEMORY, 1000, 1300, "memory"),
-        Drift("gpu-0", DriftKind.FOREIGN_PROCESS, 0, 2000, "foreign", pid=7),
-    ]
-    assert unexplained_vram_mib(drifts, "gpu-0") == 2000
-    assert unexplained_vram_mib(drifts, "gpu-0", count_foreign=False) == 300
