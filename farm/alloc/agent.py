@@ -61,8 +61,8 @@ class DeviceAgent:
         self.devices = [d for d in host_devices(settings, nvml, hostname) if select(d)]
         self.budget = host_encoder_budget(settings, self.devices)
         self.drifts: list[Drift] = []
-        #: writes sent with each heartbeat, in its round trip (a render worker's entry on the
-        #: workers page: ``Beacon.beat_in``)
+        #: writes sent with each heartbeat, in its round trip (the process's entry on the
+        #: workers page, ``Beacon.beat_in``; a stream service's registration for the web)
         self.beside: Beside | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
