@@ -13,6 +13,7 @@ import pytest
 import redis
 import redis.connection
 from rq import Callback, Queue
+from rq.job import Job
 from rq.suspension import suspend
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
@@ -202,7 +203,7 @@ def test_a_worker_an_operator_disabled_takes_nothing_until_enabled(redis_url: st
 
     worker = build_worker(conn, "cpu", "held")
     worker.register_birth()  # type: ignore[no-untyped-call]
-    taken: list[object] = []
+    taken: list[tuple[Job, Queue] | None] = []
     waiting = threading.Thread(target=lambda: taken.append(worker.dequeue_job_and_maintain_ttl(30)))
     waiting.start()
     time.sleep(3 * HOLD_POLL_S)
@@ -210,5 +211,5 @@ def test_a_worker_an_operator_disabled_takes_nothing_until_enabled(redis_url: st
     registry.set_disabled("held", False)
     waiting.join(10 * HOLD_POLL_S)
     assert not waiting.is_alive()
-    ((job, _),) = taken  # type: ignore[misc]
-    assert job.id == task.id and queue.depth() == 0
+    (got,) = taken
+    assert got is not None and got[0].id == task.id and queue.depth() == 0
