@@ -68,6 +68,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E402
+from encoder.service import registration_writes  # noqa: E402
 from farm import jobstore, keys, queue, workerstate  # noqa: E402
-from farm.alloc.agent import heartbeat  # noqa: E402
+from farm.alloc.agent import Beside, heartbeat  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
@@ -233,21 +235,17 @@ class Farm:
                         "device_class": offer.device_class, "model": offer.model}  # fmt: skip
             beacon = self.beacons[name] = workerstate.Beacon(self.registry, name, identity)
         entry = None
-        if kind == "stream":  # encoder.service's registration, its size and shape
-            entry = json.dumps({"url": f"http://{host}:8701", "device_id": offer.id,
-                                "device_class": offer.device_class, "model": offer.model,
-                                "host": host, "pid": 4321, "started": 1.7e9,
-                                "encoder_sessions": offer.encoder_sessions,
-                                "encode_mpx_s": 512.0,
-                                "alive_until": self.now_ms / 1000 + AGENT_TIMEOUT_S})  # fmt: skip
+        if kind == "stream":  # StreamService.registration's shape and size
+            entry = {"url": f"http://{host}:8701", "device_id": offer.id,
+                     "device_class": offer.device_class, "model": offer.model, "host": host,
+                     "pid": 4321, "started": 1.7e9, "encoder_sessions": offer.encoder_sessions,
+                     "encode_mpx_s": 512.0,
+                     "alive_until": self.now_ms / 1000 + AGENT_TIMEOUT_S}  # fmt: skip
         if self.args.beats == "together":
-
-            def beside(pipe: Any) -> Callable[[Any], None]:
-                if entry is not None:
-                    pipe.hset(keys.STREAM_SERVICES, offer.id, entry)
-                page = beacon.beat_in(pipe)
-                return lambda replies: page(replies[-1:])
-
+            beside: Beside = beacon.beat_in
+            if entry is not None:
+                beside = partial(registration_writes, device_id=offer.id, entry=entry,
+                                 beacon=beacon)  # fmt: skip
             # a GPU agent's offer carries NVML's memory in use (the driver's own here)
             read = replace(offer, observed_vram_mib=DRIVER_MIB)
             self.fig.timed(f"{kind}_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
@@ -262,7 +260,7 @@ class Farm:
             )  # fmt: skip
             if entry is not None:
                 self.fig.timed("stream_registration", self.conn.hset, keys.STREAM_SERVICES,
-                               offer.id, entry)  # fmt: skip
+                               offer.id, json.dumps(entry))  # fmt: skip
             self.fig.timed(f"{kind}_beacon", self.registry.beat, name, beacon.identity)
         self.at(AGENT_TIMEOUT_S / 3, lambda: self.device_beat(kind, host, budget, offer))
 

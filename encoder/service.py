@@ -43,6 +43,23 @@ FROM_SETTINGS: Any = object()
 ENDED_KEPT = 200
 
 
+def registration_writes(
+    pipe: Any, device_id: str, entry: dict[str, Any], beacon: workerstate.Beacon
+) -> Callable[[Sequence[Any]], None]:
+    """A stream service's registration for ``device_id`` (``entry``: where the web finds it)
+    and its entry on the workers page, sent with ``pipe``; the function returned reads their
+    replies and logs a write Redis refused."""
+    pipe.hset(keys.STREAM_SERVICES, device_id, json.dumps(entry))
+    page = beacon.beat_in(pipe)
+
+    def read(replies: Sequence[Any]) -> None:
+        if isinstance(replies[0], Exception):
+            log.warning("event=registration_failed error=%r", str(replies[0]))
+        page(replies[1:])
+
+    return read
+
+
 class StreamService:
     """Sessions on one device, and a device agent for it (its HTTP API: encoder/app.py)."""
 
@@ -184,16 +201,8 @@ class StreamService:
         """The service's registration (the web finds it there) and its entry on the workers
         page, sent with ``pipe``: its device agent's heartbeat (``DeviceAgent.beside``). The
         function returned reads their replies and logs a write Redis refused."""
-        entry = json.dumps(self.registration(redisclock.now(self._redis())))
-        pipe.hset(keys.STREAM_SERVICES, self.device.id, entry)
-        page = self._beacon().beat_in(pipe)
-
-        def read(replies: Sequence[Any]) -> None:
-            if isinstance(replies[0], Exception):
-                log.warning("event=registration_failed error=%r", str(replies[0]))
-            page(replies[1:])
-
-        return read
+        entry = self.registration(redisclock.now(self._redis()))
+        return registration_writes(pipe, self.device.id, entry, self._beacon())
 
     def _beacon(self) -> workerstate.Beacon:
         """The service on the workers page: its device, its sessions and its GPU's
