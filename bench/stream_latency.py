@@ -140,6 +140,13 @@ class Run:
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q))
 
+    def split_p50_ms(self) -> tuple[float, float] | None:
+        """The medians of the two parts of the latency (to arrival, in the browser); None
+        where the frames did not say when they arrived (an aiortc receiver)."""
+        if not self.in_browser_ms:
+            return None
+        return float(np.median(self.to_arrival_ms)), float(np.median(self.in_browser_ms))
+
     @property
     def delivered(self) -> float:
         """Frames that arrived / frames the sender stamped over the same span."""
@@ -297,11 +304,9 @@ async def measure_condition(
                     run = await measure(client, opts)
             results[arm].append(run)
             split = ""
-            if run.in_browser_ms:
-                split = (
-                    f"  (to arrival {np.median(run.to_arrival_ms):5.1f}, in the browser "
-                    f"{np.median(run.in_browser_ms):5.1f} ms p50)"
-                )
+            parts = run.split_p50_ms()
+            if parts is not None:
+                split = f"  (to arrival {parts[0]:5.1f}, in the browser {parts[1]:5.1f} ms p50)"
             print(
                 f"  {condition:6} run {index + 1} {arm:5}: p50 {run.percentile(50):6.1f}  "
                 f"p95 {run.percentile(95):6.1f}  p99 {run.percentile(99):6.1f} ms  "
@@ -334,11 +339,10 @@ def summarize(
             f"  {arm:5}  " + "  ".join(cells) + f"  ms   delivered {100 * delivered:.1f} %"
             f"  {fps:.1f} fps"
         )
-        if all(r.in_browser_ms for r in runs):
-            split = {
-                "to_arrival": [float(np.median(r.to_arrival_ms)) for r in runs],
-                "in_browser": [float(np.median(r.in_browser_ms)) for r in runs],
-            }
+        parts = [r.split_p50_ms() for r in runs]
+        if all(p is not None for p in parts):
+            known = [p for p in parts if p is not None]
+            split = {"to_arrival": [p[0] for p in known], "in_browser": [p[1] for p in known]}
             for name, values in split.items():
                 figures[f"{prefix}_{arm}_{name}_p50_ms"] = round(statistics.median(values), 3)
             print(

@@ -640,6 +640,7 @@ def begin_writes(
     except FarmError as exc:
         _record_failed(task, exc)
         kept = None
+    # a reporter without a registry sends no read: then there is no reply for it
     return kept, disabled(replies[flag]) if len(replies) > flag else False
 
 
