@@ -38,7 +38,10 @@ Targets: idle p50 within 1.1x of plain aiortc and p99 <= 2x p50; loaded p95 <= 0
 in Chromium p50 <= 20 ms and p95 <= 30 ms. A verdict needs, in every run of ours (the arm a
 target judges; plain aiortc delivering less only flatters its own figures), >= 90 % of the
 stamped frames delivered and a received rate >= 90 % of --fps (else: "no verdict"): a service
-that drops or never captures frames would otherwise look fast.
+that drops or never captures frames would otherwise look fast. In Chromium a frame is delivered
+when the video element is handed it (getVideoPlaybackQuality's totalVideoFrames): the page shows
+one frame a screen refresh, so at 60 fps on a 60 Hz screen some delivered frames are never
+shown (printed as "shown"); the latency is that of the frames shown.
 
     python bench/stream_latency.py [--frames 600] [--size 1280x720] [--fps 60] [--runs 3]
         [--conditions idle,loaded] [--load sessions|hog] [--browser-frames 300]
@@ -84,8 +87,9 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--autoplay-policy=no-user-gesture-required",
 ]
-#: reads the stamp from a canvas for each frame Chromium presents; resolves with
-#: [counter, capture ms, expected display ms, callback ms] (epoch ms) per frame
+#: reads the stamp from a canvas for each frame Chromium presents; resolves with {rows:
+#: [counter, capture ms, expected display ms, callback ms, arrival ms] (epoch ms) per frame,
+#: handed: the frames the video element was handed over the same span (presented or not)}
 PROBE_JS = """
 ([count, warmup]) => new Promise((resolve, reject) => {
   const video = document.getElementById("video");
@@ -93,7 +97,11 @@ PROBE_JS = """
   canvas.width = 512; canvas.height = 48;
   const ctx = canvas.getContext("2d", { willReadFrequently: true });
   const origin = performance.timeOrigin, out = [];
-  let seen = 0;
+  // the frames handed to the element, from the first measured frame's on: Chromium shows one
+  // frame a refresh and drops the rest of a refresh's frames before they reach the screen, so
+  // a 60 fps stream on a 60 Hz screen shows fewer than it delivers
+  const handed = () => video.getVideoPlaybackQuality().totalVideoFrames;
+  let seen = 0, first = null;
   const word = (px, row) => {
     let value = 0;
     for (let i = 31; i >= 0; i--) {
@@ -110,8 +118,12 @@ PROBE_JS = """
     // WebRTC's frames say when their last packet arrived: the split between the sender and
     // the network before it and the browser after it
     const arrivedMs = meta.receiveTime !== undefined ? origin + meta.receiveTime : null;
-    if (++seen > warmup) out.push([word(px, 0), captureMs, displayMs, origin + now, arrivedMs]);
-    if (out.length >= count) resolve(out); else video.requestVideoFrameCallback(onFrame);
+    if (++seen > warmup) {
+      if (first === null) first = handed() - 1;
+      out.push([word(px, 0), captureMs, displayMs, origin + now, arrivedMs]);
+    }
+    if (out.length >= count) resolve({ rows: out, handed: handed() - first });
+    else video.requestVideoFrameCallback(onFrame);
   };
   if (!video.requestVideoFrameCallback) reject(new Error("no requestVideoFrameCallback"));
   video.requestVideoFrameCallback(onFrame);
@@ -136,6 +148,9 @@ class Run:
     #: browser: its jitter buffer, decoder and compositor)
     to_arrival_ms: list[float] = field(default_factory=list)
     in_browser_ms: list[float] = field(default_factory=list)
+    #: in Chromium, the frames the video element was handed over the measured span, shown or
+    #: not (it shows one a screen refresh); None for an aiortc receiver, which sees them all
+    handed: int | None = None
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q))
@@ -148,17 +163,31 @@ class Run:
         return float(np.median(self.to_arrival_ms)), float(np.median(self.in_browser_ms))
 
     @property
+    def stamped_span(self) -> int:
+        """The frames the app drew from the first measured one to the last."""
+        return max(self.counters) - min(self.counters) + 1 if len(self.counters) >= 2 else 0
+
+    @property
+    def shown(self) -> float:
+        """Frames measured (decoded by aiortc, shown by Chromium) / frames the app drew."""
+        span = self.stamped_span
+        return len(set(self.counters)) / span if span else 0.0
+
+    @property
     def delivered(self) -> float:
-        """Frames that arrived / frames the sender stamped over the same span."""
-        if len(self.counters) < 2:
-            return 0.0
-        return len(set(self.counters)) / (max(self.counters) - min(self.counters) + 1)
+        """Frames that reached the receiver (the video element, in Chromium) / frames the app
+        drew over the same span."""
+        span = self.stamped_span
+        if self.handed is None or not span:
+            return self.shown
+        return self.handed / span
 
     @property
     def fps(self) -> float:
         """Frames received per second over the measured span."""
         span = max(self.arrivals_s, default=0.0) - min(self.arrivals_s, default=0.0)
-        return (len(self.arrivals_s) - 1) / span if span > 0 else 0.0
+        frames = len(self.arrivals_s) if self.handed is None else self.handed
+        return (frames - 1) / span if span > 0 else 0.0
 
 
 @dataclass
@@ -211,12 +240,13 @@ async def measure_browser(client: StreamClient, browser: Any, opts: Options) -> 
             await page.wait_for_function(
                 "() => window.tessera && tessera.frameWidth > 0", timeout=opts.timeout_s * 1000
             )
-            rows = await asyncio.wait_for(
+            probed = await asyncio.wait_for(
                 page.evaluate(PROBE_JS, [opts.frames, opts.warmup]), opts.timeout_s
             )
         finally:
             await page.close(run_before_unload=True)
-    for counter, capture_ms, display_ms, callback_ms, arrived_ms in rows:
+    run.handed = int(probed["handed"])
+    for counter, capture_ms, display_ms, callback_ms, arrived_ms in probed["rows"]:
         if not stamped(capture_ms):
             continue
         run.counters.append(int(counter))
@@ -307,6 +337,8 @@ async def measure_condition(
             parts = run.split_p50_ms()
             if parts is not None:
                 split = f"  (to arrival {parts[0]:5.1f}, in the browser {parts[1]:5.1f} ms p50)"
+            if run.handed is not None:
+                split += f"  shown {100 * run.shown:5.1f} %"
             print(
                 f"  {condition:6} run {index + 1} {arm:5}: p50 {run.percentile(50):6.1f}  "
                 f"p95 {run.percentile(95):6.1f}  p99 {run.percentile(99):6.1f} ms  "
@@ -330,6 +362,10 @@ def summarize(
         fps = statistics.median(r.fps for r in runs)
         figures[f"{prefix}_{arm}_delivered_pct"] = round(100 * delivered, 2)
         figures[f"{prefix}_{arm}_fps"] = round(fps, 2)
+        if any(r.handed is not None for r in runs):
+            figures[f"{prefix}_{arm}_shown_pct"] = round(
+                100 * statistics.median(r.shown for r in runs), 2
+            )
         # the worst run: what gates a verdict
         figures[f"{prefix}_{arm}_delivered_pct_min"] = round(
             100 * min(r.delivered for r in runs), 2
