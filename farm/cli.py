@@ -500,6 +500,9 @@ def cmd_gpus(settings: Settings, args: argparse.Namespace) -> Any:
             print(f"    unavailable: {d.unavailable_reason}")
         if d.unexplained_vram_mib:
             print(f"    {d.unexplained_vram_mib} MiB in use that no lease explains (held back)")
+        if d.unexplained_encoder_sessions:
+            print(f"    {d.unexplained_encoder_sessions} encoder session(s) open that no lease "
+                  "explains (held back)")  # fmt: skip
         for lease in d.leases:
             print(
                 f"    {lease.get('kind', '?'):<6} {lease.get('holder', '?'):<30} "

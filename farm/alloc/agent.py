@@ -74,10 +74,11 @@ class DeviceAgent:
 
     def offers(self, gpus: Sequence[GpuInfo], faults: dict[str, str]) -> list[DeviceOffer]:
         """The devices as they are now: a GPU NVML cannot read (``faults``) is offered as
-        unavailable; one it read (``gpus``) with the memory it sees in use, from which the
-        registration works out, against the leases at that instant, what no lease explains.
-        This agent knows only its own pids (a stream service's process beside a render worker
-        would look foreign), so only memory beyond every lease is held back."""
+        unavailable; one it read (``gpus``) with the memory and the encoder sessions it sees in
+        use, from which the registration works out, against the leases at that instant, what
+        no lease explains. This agent knows only its own pids (a stream service's process
+        beside a render worker would look foreign), so only use beyond every lease is held
+        back."""
         seen = {gpu.uuid: gpu for gpu in gpus}
         offers = []
         for device in self.devices:
@@ -94,6 +95,7 @@ class DeviceAgent:
                     unavailable_reason=faults.get(device.id, ""),
                     energy_j=None if gpu is None else gpu.energy_j,
                     observed_vram_mib=None if gpu is None else gpu.memory_used_mib,
+                    observed_encoder_sessions=None if gpu is None else gpu.encoder_sessions,
                 )
             )
         return offers

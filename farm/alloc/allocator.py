@@ -94,6 +94,8 @@ class DeviceState:
     alive: bool
     unavailable_reason: str = ""
     unexplained_vram_mib: int = 0
+    #: encoder sessions open on the device beyond its leases' (held back)
+    unexplained_encoder_sessions: int = 0
     leases: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -116,10 +118,16 @@ class DeviceOffer:
     #: works out the unexplained memory itself, against the leases at that instant, and
     #: ``unexplained_vram_mib`` is not used; None where not read
     observed_vram_mib: int | None = None
+    #: the encoder sessions NVML sees open: those beyond the leases' are held back; None where
+    #: not read (what the device's last reading held back stays)
+    observed_encoder_sessions: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        observed = {} if self.observed_vram_mib is None else {
-            "observed_vram_mib": self.observed_vram_mib}  # fmt: skip
+        observed: dict[str, int] = {}
+        if self.observed_vram_mib is not None:
+            observed["observed_vram_mib"] = self.observed_vram_mib
+        if self.observed_encoder_sessions is not None:
+            observed["observed_encoder_sessions"] = self.observed_encoder_sessions
         return {
             **observed,
             "id": self.id,
@@ -374,6 +382,7 @@ class SlotAllocator:
                     alive=int(h.get("alive_until", 0)) >= now_ms,
                     unavailable_reason=h.get("unavailable_reason", ""),
                     unexplained_vram_mib=int(h.get("unexplained_vram", 0)),
+                    unexplained_encoder_sessions=int(h.get("unexplained_enc", 0)),
                     # cjson turns an empty hash into an empty list
                     leases=[{"id": lease_id, **(row or {})} for lease_id, row in leases],
                 )

@@ -131,8 +131,3 @@ def reconcile(
                     )
                 )
     return drifts
-
-
-def unexplained_encoder_sessions(drifts: list[Drift], device_id: str) -> int:
-    """NVENC sessions on ``device_id`` that no stream lease explains."""
-    return sum(d.excess for d in drifts if d.device_id == device_id and d.kind is DriftKind.ENCODER)

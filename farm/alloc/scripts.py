@@ -45,7 +45,7 @@ local BATCH = 16
 local REAP = 100
 local FIELDS = {'alive_until', 'host', 'class', 'vram', 'enc', 'slots', 'used_vram', 'used_enc',
                 'used_slots', 'available', 'unexplained_vram', 'model', 'epl', 'energy_by',
-                'token'}
+                'token', 'unexplained_enc'}
 -- the placement index of every class together, for requests that name none
 local ANY = '*'
 
@@ -66,10 +66,15 @@ local function device_fields(d)
   return redis.call('HMGET', keys.device(d), unpack(FIELDS))
 end
 
+-- encoder sessions in use on a device: its leases' and those no lease explains
+local function encoders_used(f)
+  return tonumber(f[8] or '0') + tonumber(f[16] or '0')
+end
+
 -- free memory, encoder sessions and render slots of a device's fields
 local function room(f)
   return tonumber(f[4] or '0') - tonumber(f[7] or '0') - tonumber(f[11] or '0'),
-         tonumber(f[5] or '0') - tonumber(f[8] or '0'),
+         tonumber(f[5] or '0') - encoders_used(f),
          tonumber(f[6] or '0') - tonumber(f[9] or '0')
 end
 
@@ -80,7 +85,7 @@ local function scores(f)
   local cap_v, cap_e, cap_s = tonumber(f[4] or '0'), tonumber(f[5] or '0'), tonumber(f[6] or '0')
   local r = fv / math.max(1, cap_v) + fs / math.max(1, cap_s)
   if fs <= 0 then r = r + PENALTY end
-  local s = tonumber(f[8] or '0') / math.max(1, cap_e) - fv / math.max(1, cap_v) / 1000
+  local s = encoders_used(f) / math.max(1, cap_e) - fv / math.max(1, cap_v) / 1000
   if fe <= 0 then s = s + PENALTY end
   return r, s
 end
@@ -205,7 +210,14 @@ local function reap_device(d, now)
   for _, id in ipairs(redis.call('SMEMBERS', keys.device_leases(d))) do
     free(id, DEAD, now)
   end
-  local class = redis.call('HGET', keys.device(d), 'class')
+  local dh = redis.call('HMGET', keys.device(d), 'class', 'host', 'unexplained_enc')
+  local class = dh[1]
+  -- the sessions no lease explained counted on its host's budget: not any more
+  local foreign = tonumber(dh[3] or '0')
+  if foreign > 0 then
+    redis.call('HSET', keys.device(d), 'unexplained_enc', 0)
+    host_encoders(dh[2], 0 - foreign, d, now)
+  end
   for _, c in ipairs({class, ANY}) do
     redis.call('ZREM', index_key(c, 'render'), d)
     redis.call('ZREM', index_key(c, 'stream'), d)
@@ -549,7 +561,10 @@ return cjson.encode({now, out})
 # A device offered with the memory NVML sees in use (``observed_vram_mib``: an agent that
 # reconciles its GPUs) has its unexplained memory worked out here, against its leases at this
 # instant (farm.alloc.reconcile: beyond the tolerance, what no lease explains is held back),
-# and its leases as they were then are returned for the agent's own reconciliation:
+# and so have its encoder sessions (``observed_encoder_sessions``: those open beyond its
+# leases' are held back on the device and counted on its host's budget, which the driver's
+# per-system cap counts them on too); its leases as they were then are returned for the
+# agent's own reconciliation:
 # -> {device id, leased VRAM MiB, leased encoder sessions, leases, ...} for those devices
 _REGISTER = r"""
 local now = clock(ARGV[1])
@@ -566,7 +581,7 @@ redis.call('HSETNX', keys.host(ARGV[4]), 'used_enc', 0)
 for _, d in ipairs(offers) do
   local dk = keys.device(d['id'])
   local old = redis.call('HMGET', dk, 'alive_until', 'class', 'shape', 'offer', 'used_vram',
-                         'used_enc')
+                         'used_enc', 'unexplained_enc')
   local alive_until = math.max(tonumber(old[1] or '0'), until_ms)
   redis.call('HSET', dk, 'alive_until', alive_until)
   redis.call('ZADD', keys.DEVICE_ALIVE, alive_until, d['id'])
@@ -583,9 +598,17 @@ for _, d in ipairs(offers) do
     table.insert(views, tonumber(old[6] or '0'))
     table.insert(views, redis.call('SCARD', keys.device_leases(d['id'])))
   end
+  -- kept as it was where this agent does not read the sessions (another one may)
+  local foreign = tonumber(old[7] or '0')
+  local sessions = d['observed_encoder_sessions']
+  if sessions then foreign = math.max(0, sessions - tonumber(old[6] or '0')) end
+  if foreign ~= tonumber(old[7] or '0') then
+    redis.call('HSET', dk, 'unexplained_enc', foreign)
+    host_encoders(ARGV[4], foreign - tonumber(old[7] or '0'), d['id'], now)
+  end
   local offer = table.concat({ARGV[2], ARGV[4], class, d['model'], d['vram_mib'],
                               d['encoder_sessions'], d['render_slots'], d['available'],
-                              d['unavailable_reason'], unexplained}, '|')
+                              d['unavailable_reason'], unexplained, foreign}, '|')
   -- a beat that changes nothing of a live device only moves its deadline (three calls)
   local changed = old[4] ~= offer or tonumber(old[1] or '0') < now
   if changed then

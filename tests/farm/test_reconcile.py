@@ -9,7 +9,6 @@ from farm.alloc.reconcile import (
     LeaseView,
     Tolerance,
     reconcile,
-    unexplained_encoder_sessions,
 )
 from farm.gpu.fake import FakeNvml
 from farm.gpu.types import GpuProcess
@@ -70,7 +69,7 @@ def test_encoder_sessions_beyond_stream_leases_are_drift() -> None:
     (drift,) = drifts_of(nvml, [l4], leases)
     assert drift.kind is DriftKind.ENCODER
     assert (drift.expected, drift.observed) == (3, 5)
-    assert unexplained_encoder_sessions([drift], l4.id) == 2
+    assert drift.excess == 2
 
 
 def test_a_foreign_process_is_named_with_its_memory() -> None:
