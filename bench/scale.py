@@ -30,9 +30,11 @@ work are simulated:
   entry).
 - **streams**: sessions arrive (Poisson) and last an exponential time (mean ``--stream-s``),
   placed by the allocator (an unpinned request over every class); the stream service of each
-  device renews its sessions' leases in one call every lease period / 3 (``renew_many``) and
-  beats as a real one does (its agent's heartbeat, its registration for the web and its entry
-  on the workers page in one round trip, every ``agent_timeout / 3``); the
+  device beats as a real one does: its agent's heartbeat, its registration for the web, its
+  entry on the workers page and its sessions' renewals (``renew_many``) in one round trip,
+  every ``agent_timeout / 3`` (``--stream-renewals apart``: the renewals in a call of their
+  own every lease period / 3, as before; ``--beats apart``: that, and the rest one by one);
+  the
   farm starts with the steady-state population (``--streams-per-device``).
 - **jobs** are submitted (10 frames of 2x2 tiles) whenever fewer tiles wait than there are
   devices, so workers are never starved; ``--priority-share`` of them have a priority.
@@ -65,7 +67,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -85,7 +87,7 @@ sys.path.insert(0, str(REPO))
 from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E402
 from encoder.service import registration_writes  # noqa: E402
 from farm import jobstore, keys, queue, workerstate  # noqa: E402
-from farm.alloc.agent import Beside, heartbeat  # noqa: E402
+from farm.alloc.agent import Beside, heartbeat, together  # noqa: E402
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
@@ -246,6 +248,9 @@ class Farm:
             if entry is not None:
                 beside = partial(registration_writes, device_id=offer.id, entry=entry,
                                  beacon=beacon)  # fmt: skip
+                if self._renewals_carried:
+                    # the service's beat carries its sessions' renewals (farm.alloc.renewals)
+                    beside = together(beside, partial(self._stream_renewals_in, offer.id))
             # a GPU agent's offer carries NVML's memory in use (the driver's own here)
             read = replace(offer, observed_vram_mib=DRIVER_MIB)
             self.fig.timed(f"{kind}_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
@@ -470,9 +475,10 @@ class Farm:
             return
         self.streams += 1
         sessions = self.sessions[lease.device]
-        if lease.device not in self.ticking:
+        if not self._renewals_carried and lease.device not in self.ticking:
             # the device's stream service renews its sessions' leases together, at its own tick
-            # (farm.alloc.renewals), out of phase with the other services'
+            # (farm.alloc.renewals), out of phase with the other services' (``--beats
+            # together``: its heartbeat carries them)
             self.ticking.add(lease.device)
             every_s = LEASE_TTL_S / 3
             self.at(self.rng.uniform(0, every_s), lambda: self._renew_streams(lease.device))
@@ -483,6 +489,25 @@ class Farm:
             self.streams -= 1
 
         self.at(life, end)
+
+    @property
+    def _renewals_carried(self) -> bool:
+        return bool(self.args.beats == "together" and self.args.stream_renewals == "carried")
+
+    def _stream_renewals_in(self, device: str, pipe: Any) -> Callable[[Sequence[Any]], None]:
+        """A stream service's sessions' renewals, carried by its heartbeat's round trip."""
+        sessions = self.sessions[device]
+        read = self.alloc.renew_many_in(pipe, list(sessions.values()))
+
+        def renewed(replies: Sequence[Any]) -> None:
+            for lease in read(replies):
+                if not isinstance(lease, Lease):
+                    raise SystemExit(
+                        f"a stream lost its lease in a farm where nothing dies: {lease}"
+                    )
+                sessions[lease.id] = lease
+
+        return renewed
 
     def _renew_streams(self, device: str) -> None:
         """One tick of a stream service: its sessions' leases in one call (none: it stops)."""
@@ -708,8 +733,8 @@ def main() -> None:
         choices=("together", "apart"),
         default="together",
         help="each render worker's and stream service's agent heartbeat, workers-page entry "
-        "and (a service) registration: in one round trip (farm.alloc.agent.heartbeat), or "
-        "one by one as before",
+        "and (a service) registration and sessions' renewals: in one round trip "
+        "(farm.alloc.agent.heartbeat), or one by one as before",
     )
     ap.add_argument(
         "--disabled-read",
@@ -717,6 +742,14 @@ def main() -> None:
         default="pick",
         help="a worker's disabled flag before each take: read by the pick (farm.queue), or "
         "in a round trip of its own as before",
+    )
+    ap.add_argument(
+        "--stream-renewals",
+        choices=("carried", "apart"),
+        default="carried",
+        help="a stream service's sessions' renewals: carried by its heartbeat's round trip "
+        "(encoder.service), or in a call of their own every lease period / 3 as before "
+        "(always so with --beats apart)",
     )
     ap.add_argument(
         "--redis-config",

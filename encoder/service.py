@@ -29,7 +29,15 @@ from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.alloc.renewals import Renewals
-from farm.errors import BadParameter, DeviceUnavailable, FarmError, NeverFits, NoCapacity, NotFound
+from farm.errors import (
+    BadParameter,
+    DeviceUnavailable,
+    FarmError,
+    LeaseLost,
+    NeverFits,
+    NoCapacity,
+    NotFound,
+)
 from farm.gpu.factory import open_nvml
 from farm.gpu.types import Nvml
 from farm.redisclient import Redis, connect, guard
@@ -86,9 +94,12 @@ class StreamService:
         self.started = time.time()
         self.conn: Redis | None = None
         self.allocator: SlotAllocator | None = None
-        #: the sessions' lease renewals, one call a tick for all of them
+        #: the sessions' lease renewals, carried by the device agent's heartbeat: one round
+        #: trip a tick for the service's beat and every session's renewal
         self.renewals: Renewals | None = None
         self.agent: DeviceAgent | None = None
+        #: the agent's beats, at the renewals' tick (the agent runs no thread of its own)
+        self._beats: asyncio.Task[None] | None = None
         #: its entry on the workers page, written with its agent's heartbeat
         self.beacon: workerstate.Beacon | None = None
         #: megapixels a second the device encodes (configured, or measured at start)
@@ -108,9 +119,11 @@ class StreamService:
         # on the clock the workers page reads its age with (farm.redisclock)
         self.started = await asyncio.to_thread(redisclock.now, self.conn)
         self.allocator = SlotAllocator(self.conn, ttl_s=self.settings.lease_ttl_s)
-        self.renewals = Renewals(self.allocator)
         self.agent = self._make_agent(self.allocator)
-        await asyncio.to_thread(self.agent.start)
+        every_s = min(self.settings.lease_ttl_s / 3, self.agent.interval_s)
+        self.renewals = Renewals(self.allocator, every_s, carrier=self._beat)
+        await asyncio.to_thread(self.agent.beat)
+        self._beats = asyncio.create_task(self._beat_every_tick(), name="stream-beats")
         if self.encode_mpx_s <= 0:
             self.encode_mpx_s = await asyncio.to_thread(
                 capacity.probe_mpx_s, self.settings, self.device.index
@@ -155,9 +168,13 @@ class StreamService:
 
     async def stop(self) -> None:
         await self.end_sessions()
-        if self.agent is not None:
+        if self._beats is not None:
+            self._beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beats
+        if self.renewals is not None:
             # no beat after this: it would register the service again
-            await asyncio.to_thread(self.agent.stop)
+            await self.renewals.drain()
         if self.url:
             with contextlib.suppress(FarmError):
                 await asyncio.to_thread(self._unregister)
@@ -196,6 +213,42 @@ class StreamService:
             "encode_mpx_s": round(self.encode_mpx_s, 1),
             "alive_until": now + self.settings.agent_timeout_s,
         }
+
+    async def _beat_every_tick(self) -> None:
+        """The device agent's heartbeat every tick, with the registration and the page entry
+        once announced, and the renewals of the sessions' leases asked at the same tick."""
+        renewals = self.renewals
+        assert renewals is not None
+        while True:
+            await renewals.next_tick()
+            try:
+                await renewals.beat()
+            except FarmError as exc:
+                # Redis away: keep trying; the pool drops the device if this lasts past the
+                # agent's timeout, which is what should happen
+                log.warning("event=heartbeat_failed agent=%s error=%r", self.name, exc.message)
+            except Exception:
+                log.exception("event=heartbeat_failed agent=%s", self.name)
+
+    def _beat(self, leases: Sequence[Lease]) -> list[Lease | LeaseLost]:
+        """The renewals' carrier (on a thread): the agent's heartbeat with ``leases``' renewals
+        in its round trip. A registration Redis refused is logged when the renewals came back
+        (the sessions keep them); when they did not, the call's error is every session's."""
+        agent = self.agent
+        assert agent is not None
+        outcomes: list[Lease | LeaseLost] = []
+
+        def renewing(pipe: Any) -> Callable[[Sequence[Any]], None]:
+            read = self._allocator().renew_many_in(pipe, leases)
+            return lambda replies: outcomes.extend(read(replies))
+
+        try:
+            agent.beat(extra=renewing)
+        except FarmError as exc:
+            if len(outcomes) != len(leases):
+                raise
+            log.warning("event=heartbeat_failed agent=%s error=%r", self.name, exc.message)
+        return outcomes
 
     def _registration_in(self, pipe: Any) -> Callable[[Sequence[Any]], None]:
         """The service's registration (the web finds it there) and its entry on the workers

@@ -23,6 +23,26 @@ log = logging.getLogger("tessera.agent")
 Beside = Callable[[Any], Callable[[Sequence[Any]], None]]
 
 
+def together(*besides: Beside) -> Beside:
+    """Several processes' writes on one pipeline, each reading its own replies (in order)."""
+
+    def queue(pipe: Any) -> Callable[[Sequence[Any]], None]:
+        base = len(pipe)
+        spans: list[tuple[int, int, Callable[[Sequence[Any]], None]]] = []
+        for beside in besides:
+            start = len(pipe) - base
+            read = beside(pipe)
+            spans.append((start, len(pipe) - base, read))
+
+        def read_all(replies: Sequence[Any]) -> None:
+            for start, end, read in spans:
+                read(replies[start:end])
+
+        return read_all
+
+    return queue
+
+
 def heartbeat(
     allocator: SlotAllocator, agent: str, host: str, offers: Sequence[DeviceOffer], ttl_s: float,
     host_encoder_budget: int | None, beside: Beside | None = None,
@@ -113,15 +133,17 @@ class DeviceAgent:
                 faults[device.id] = exc.message
         return gpus, faults
 
-    def beat(self) -> None:
+    def beat(self, extra: Beside | None = None) -> None:
         """Register (again): capacities, availability and unexplained use, alive for a timeout;
-        with ``beside``'s writes in the same round trip. Then the drift between the leases,
-        as the registration saw them, and NVML's reading is logged (``drifts``)."""
+        with ``beside``'s writes, and ``extra``'s, in the same round trip. Then the drift
+        between the leases, as the registration saw them, and NVML's reading is logged
+        (``drifts``)."""
         gpus, faults = self.read_gpus()
         metrics.observe_gpus(self.devices, gpus)
+        writes = [b for b in (self.beside, extra) if b is not None]
         leases = heartbeat(self.allocator, self.name, self.devices[0].host,
                            self.offers(gpus, faults), self.settings.agent_timeout_s, self.budget,
-                           self.beside)  # fmt: skip
+                           together(*writes) if writes else None)  # fmt: skip
         self.drifts = self._reconcile(gpus, leases) if gpus else []
 
     def _reconcile(self, gpus: list[GpuInfo], leases: dict[str, LeaseView]) -> list[Drift]:

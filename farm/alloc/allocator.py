@@ -303,14 +303,33 @@ class SlotAllocator:
         (a stream service's sessions) renews them so."""
         if not leases:
             return []
+        args = self._renew_many_args(leases)
+        return self._renewed_many(leases, guard(self._renew_many, args=args))
+
+    def renew_many_in(
+        self, pipe: Any, leases: Sequence[Lease]
+    ) -> Callable[[Sequence[Any]], list[Lease | LeaseLost]]:
+        """``renew_many`` sent with ``pipe`` (nothing where ``leases`` is empty); the function
+        returned reads its replies (what ``renew_many`` returns or raises)."""
+        if not leases:
+            return lambda _replies: []
+        args = self._renew_many_args(leases)
+        self._renew_many.queue(pipe, args=args)
+        return lambda replies: self._renewed_many(
+            leases, guard(self._renew_many.reply, replies[0], args=args)
+        )
+
+    def _renew_many_args(self, leases: Sequence[Lease]) -> list[Any]:
         args: list[Any] = [self._now(), self.ttl_ms]
         for lease in leases:
             args += [lease.id, lease.token]
-        reply = guard(self._renew_many, args=args)
-        out: list[Lease | LeaseLost] = []
-        for lease, status, value in zip(leases, reply[::2], reply[1::2], strict=True):
-            out.append(self._renewed(lease, _text(status), value))
-        return out
+        return args
+
+    def _renewed_many(self, leases: Sequence[Lease], reply: Any) -> list[Lease | LeaseLost]:
+        return [
+            self._renewed(lease, _text(status), value)
+            for lease, status, value in zip(leases, reply[::2], reply[1::2], strict=True)
+        ]
 
     def _renewed(self, lease: Lease, status: str, value: Any) -> Lease | LeaseLost:
         if status != "ok":

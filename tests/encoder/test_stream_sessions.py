@@ -22,7 +22,8 @@ import redis
 from encoder.app import running
 from encoder.service import StreamService
 from farm import browserrules, keys, workerstate
-from farm.alloc.allocator import SlotAllocator
+from farm.alloc.allocator import Lease, Request, SlotAllocator
+from farm.errors import LeaseLost
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.serviceprocess import ServiceProcess
@@ -264,6 +265,34 @@ def test_a_services_heartbeat_registration_and_workers_page_entry_are_one_round_
     assert listed is not None and (listed.kind, listed.state) == ("stream", "idle")
     (device,) = SlotAllocator(conn).devices([stream_service.device.id])
     assert device.alive
+    conn.close()
+
+
+def test_a_services_beat_carries_its_sessions_renewals_in_its_round_trip(
+    stream_service: StreamService, stream_settings: Settings, round_trips: Counter[str]
+) -> None:
+    """The sessions' leases were renewed in a round trip of their own each tick, beside the
+    agent's heartbeat; the heartbeat now carries them (``StreamService._beat``, the
+    renewals' carrier), and each session gets its own lease's outcome."""
+    conn = redis.Redis.from_url(stream_settings.redis_url, decode_responses=True)
+    alloc = SlotAllocator(conn, ttl_s=stream_settings.lease_ttl_s)
+    mine = Request("stream", encoder_sessions=1, device_ids=(stream_service.device.id,))
+    held = [alloc.acquire(f"session-{i}", mine) for i in range(2)]
+    gone = alloc.acquire("session-gone", mine)
+    alloc.release(gone)
+    conn.delete(keys.STREAM_SERVICES)
+    time.sleep(0.05)
+    me = threading.current_thread().name
+    before = round_trips[me]
+    outcomes = stream_service._beat([*held, gone])
+    assert round_trips[me] - before == 1
+    renewed = [o for o in outcomes if isinstance(o, Lease)]
+    assert [lease.id for lease in renewed] == [lease.id for lease in held]
+    assert all(new.expires_ms > old.expires_ms for new, old in zip(renewed, held, strict=True))
+    assert isinstance(outcomes[2], LeaseLost) and outcomes[2].fields["why"] == "unknown lease"
+    assert conn.hexists(keys.STREAM_SERVICES, stream_service.device.id)  # the beat went too
+    for lease in renewed:
+        alloc.release(lease)
     conn.close()
 
 

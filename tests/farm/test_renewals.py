@@ -5,6 +5,8 @@ in one round trip, against a real redis-server on a clock the test drives."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -105,3 +107,42 @@ def test_redis_away_fails_every_renewal_of_the_call(redis_url: str) -> None:
 
     out = asyncio.run(run())
     assert all(isinstance(o, QueueError) for o in out), out
+
+
+def test_a_carrier_takes_each_ticks_renewals_and_a_beat_makes_the_call(
+    allocator: SlotAllocator, clock: list[int]
+) -> None:
+    """A stream service's device agent carries its sessions' renewals in its heartbeat: each
+    tick is one call with the leases asked at it, made even when none is (the beat), and a
+    call that fails fails every waiter of it."""
+    leases = [allocator.acquire(f"session-{i}", STREAM) for i in range(2)]
+    carried: list[list[str]] = []
+    failing = [False]
+
+    def carrier(asked: Sequence[Lease]) -> list[Lease | LeaseLost]:
+        carried.append([lease.holder for lease in asked])
+        if failing[0]:
+            raise QueueError("Redis went away")
+        return allocator.renew_many(asked)
+
+    async def run() -> tuple[list[Lease | None], list[BaseException | None]]:
+        renewals = Renewals(allocator, every_s=0.2, carrier=carrier)
+
+        async def tick(*asked: Lease) -> list[Any]:
+            await renewals.next_tick()
+            asks = [renewals.renew(lease) for lease in asked]
+            return await asyncio.gather(renewals.beat(), *asks, return_exceptions=True)
+
+        clock[0] += 1_000
+        renewed = await tick(*leases)
+        alone = await tick()
+        failing[0] = True
+        failed = await tick(leases[0])
+        return [*renewed, *alone], failed
+
+    answered, failed = asyncio.run(run())
+    assert carried == [["session-0", "session-1"], [], ["session-0"]]
+    assert answered[0] is None and answered[3] is None  # the beats
+    expires = clock[0] + int(TTL_S * 1000)
+    assert [lease.expires_ms for lease in answered[1:3] if lease] == [expires, expires]
+    assert all(isinstance(e, QueueError) for e in failed), failed
