@@ -67,7 +67,12 @@ class Renewals:
         return await answer
 
     def _send(self) -> None:
-        batch, self._waiting = self._waiting, []
+        # a waiter that stopped waiting (its session ended, the service stopping its beats)
+        # asks for nothing: no call is made for it after its holder is gone
+        batch = [(lease, answer) for lease, answer in self._waiting if not answer.done()]
+        self._waiting = []
+        if not batch:
+            return
         leases = [lease for lease, _ in batch if lease is not None]
         # held in _calls until done: the loop keeps only a weak reference to a task
         call = asyncio.ensure_future(asyncio.to_thread(self.carrier, leases))

@@ -146,3 +146,24 @@ def test_a_carrier_takes_each_ticks_renewals_and_a_beat_makes_the_call(
     expires = clock[0] + int(TTL_S * 1000)
     assert [lease.expires_ms for lease in answered[1:3] if lease] == [expires, expires]
     assert all(isinstance(e, QueueError) for e in failed), failed
+
+
+def test_a_waiter_gone_before_the_call_asks_for_nothing(allocator: SlotAllocator) -> None:
+    """A stream service stopping cancels its beat: a call made after that would register the
+    service again once it has unregistered."""
+    carried: list[list[Lease]] = []
+
+    def carrier(asked: Sequence[Lease]) -> list[Lease | LeaseLost]:
+        carried.append(list(asked))
+        return allocator.renew_many(asked)
+
+    async def run() -> None:
+        renewals = Renewals(allocator, every_s=0.2, carrier=carrier)
+        beat = asyncio.ensure_future(renewals.beat())
+        await asyncio.sleep(0)  # it asked: the call goes at the loop's next turn
+        beat.cancel()
+        await asyncio.sleep(0.05)
+        await renewals.drain()
+
+    asyncio.run(run())
+    assert carried == []
