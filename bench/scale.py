@@ -14,9 +14,9 @@ work are simulated:
   its beats and rq's registry maintenance every 10 s, the operator's disabled flag read by the
   pick (``--disabled-read apart``: in a round trip of its own before each take, as the worker
   did before), the execution's records before the task, the success's after it); the task's
-  own work is the simulation's. A worker starts the tile
-  (with the worker's own writes: the attempt's start record and the disabled flag,
-  ``workers.tasks.begin_writes``), leases its device (a pinned request), shows the tile on the
+  own work is the simulation's. A worker starts the tile with the attempt's start record (one
+  step of the job store's) and reads the disabled flag, in one round trip
+  (``workers.tasks.begin_writes``), leases its device (a pinned request), shows the tile on the
   workers page, "renders" for a time drawn from an exponential distribution (mean
   ``--tile-s``, at least 1 s) while renewing the lease and the tile every lease period / 3,
   commits the tile (fenced), then ends it (its end record, the worker idle with the tile
@@ -323,10 +323,9 @@ class Farm:
                 self._task_done(device, job)
             return
         task = TileTask(*args)
-        if self.fig.timed("start_tile", self.store.start_tile, task) != "ok":
+        if not self._tile_begins(device, task):
             self._task_done(device, job)
             return
-        self._tile_begins(device, task)
         request = Request(
             "render", vram_mib=RENDER_VRAM_MIB, render_slots=1, device_ids=(device.id,),
             job=task.job_id,
@@ -353,19 +352,26 @@ class Farm:
         end_ms = self.now_ms + int(duration * 1000)
         self._renew_tile(device, job, task, lease, end_ms)
 
-    def _tile_begins(self, device: DeviceOffer, task: TileTask) -> None:
-        """The worker's writes as a tile starts: its start record, the disabled flag."""
+    def _tile_begins(self, device: DeviceOffer, task: TileTask) -> bool:
+        """The worker's writes as a tile starts: the tile's start with its start record, the
+        disabled flag; False where the tile is not this attempt's to start."""
         name, label, now_s = f"w-{device.id}", f"GPU ({device.model})", self.now_ms / 1000
         record: Attempt | None
         if self.args.tile_writes == "batched":
-            record, _ = self.fig.timed("tile_begin", begin_writes, self.conn, self.records,
-                                       self._reporter(device.id), task, name, label,
-                                       device.device_class, now_s)  # fmt: skip
+            started, record, _ = self.fig.timed(
+                "tile_begin", begin_writes, self.conn, self.store, self.records,
+                self._reporter(device.id), task, name, label, device.device_class, now_s,
+            )  # fmt: skip
+            if started != "ok":
+                return False
         else:
+            if self.fig.timed("start_tile", self.store.start_tile, task) != "ok":
+                return False
             record = self.fig.timed("record", self.records.started, task, name, label, now_s,
                                     device.device_class)  # fmt: skip
             self.fig.timed("disabled", self.registry.is_disabled, name)
         self.kept[device.id] = record
+        return True
 
     def _tile_leaves(self, device: DeviceOffer, task: TileTask, lease: Lease) -> None:
         """The worker's writes as a tile leaves its device: its end record, the worker idle

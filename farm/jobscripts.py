@@ -245,7 +245,9 @@ return moved
 """
 )
 
-# KEYS: job, tiles, events   ARGV: jid, frame, index, attempt, ts, deadline
+# KEYS: job, tiles, events   ARGV: jid, frame, index, attempt, ts, deadline[, record field,
+# record]: the worker's start record of the attempt (farm.taskrecords), written beside the
+# tile's state once the tile is this attempt's, in the same step
 START_TILE = (
     PRELUDE
     + """
@@ -271,6 +273,7 @@ if st == 'suspended' then
 end
 tile_move(KEYS[2], tile, 'rendering')
 redis.call('HSET', KEYS[2], tile .. ':d', ARGV[6])
+if ARGV[7] then redis.call('HSET', KEYS[2], ARGV[7], ARGV[8]) end
 redis.call('ZADD', TILE_DEADLINES, ARGV[6], ARGV[1] .. '|' .. tile)
 redis.call('ZREM', REQUEUED, ARGV[1] .. '|' .. tile)
 if st == 'queued' then job_move(KEYS[1], KEYS[3], ARGV[1], 'running', ARGV[5], '') end

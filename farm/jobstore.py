@@ -240,16 +240,28 @@ class JobStore:
 
     # --- moving tiles and frames -------------------------------------------------------------
 
-    def start_tile(self, task: TileTask) -> str:
-        """Claim a queued tile attempt for rendering: 'ok', 'stale', 'no_job' or 'job_<state>'."""
+    def start_tile(self, task: TileTask, record: tuple[str, str] | None = None) -> str:
+        """Claim a queued tile attempt for rendering: 'ok', 'stale', 'no_job' or 'job_<state>';
+        ``record`` (a field of the tiles hash and its value: the attempt's start record,
+        ``TaskRecords.start``) is written in the same step where it is 'ok'."""
+        return str(self._run(self._start, *self._start_call(task, record)))
+
+    def start_tile_in(
+        self, pipe: Any, task: TileTask, record: tuple[str, str] | None = None
+    ) -> Callable[[Any], str]:
+        """``start_tile`` sent with ``pipe`` (one round trip with a worker's other calls as a
+        tile starts); the function returned reads the pipeline's reply for it."""
+        keys_, args = self._start_call(task, record)
+        self._start.queue(pipe, keys_, args)
+        return lambda value: str(self._call(self._start.reply, value, keys_, args))
+
+    def _start_call(
+        self, task: TileTask, record: tuple[str, str] | None
+    ) -> tuple[list[str], list[Any]]:
         now = self.clock()
-        return str(
-            self._run(
-                self._start,
-                [keys.job(task.job_id), keys.tiles(task.job_id), keys.events(task.job_id)],
-                [task.job_id, task.frame, task.index, task.attempt, now, now + self.tile_lease_s],
-            )
-        )
+        keys_ = [keys.job(task.job_id), keys.tiles(task.job_id), keys.events(task.job_id)]
+        args = [task.job_id, task.frame, task.index, task.attempt, now, now + self.tile_lease_s]
+        return keys_, [*args, *(record or ())]
 
     def touch_tile(self, task: TileTask) -> bool:
         """Renew a rendering tile's lease; False when it is no longer ours."""

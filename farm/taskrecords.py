@@ -4,8 +4,9 @@ when, for how long, with how much memory, and why it failed; the job's ETA from 
 A record is one field of the job's tiles hash, ``frame:index:r<attempt>`` (JSON), beside the
 tile's state: it lives and is trimmed with the job's tiles, and every reader of tile states
 skips it (they take the ``frame:index`` fields only). Records are what a worker says about its
-own attempt, written after the job store's compare-and-set moved the tile: they inform, they
-never decide anything.
+own attempt, written by the job store's compare-and-set that starts the tile (in the same step,
+``TaskRecords.start``) or after the one that moved it: they inform, they never decide
+anything.
 """
 
 from __future__ import annotations
@@ -106,14 +107,13 @@ class TaskRecords:
         self._put(task, record)
         return record
 
-    def started_in(
-        self, pipe: Any, task: TileTask, worker: str, device: str, now: float,
-        device_class: str = "",
-    ) -> tuple[Attempt, Callable[[Any], None]]:  # fmt: skip
-        """``started`` sent with ``pipe`` (one round trip with a worker's other writes): the
-        record, and a function that reads the pipeline's reply for it (QueueError: refused)."""
+    def start(
+        self, task: TileTask, worker: str, device: str, now: float, device_class: str = ""
+    ) -> tuple[Attempt, tuple[str, str]]:
+        """The attempt's start record, and the field and value that store it, for the job
+        store to write as it starts the tile (``JobStore.start_tile``: in the same step)."""
         record = Attempt(task.attempt, worker, device, now, device_class=device_class)
-        return record, self._put_in(pipe, task, record)
+        return record, (_field(task), json.dumps(asdict(record)))
 
     def ended(
         self,

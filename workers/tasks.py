@@ -124,14 +124,16 @@ class WorkerContext:
         kept, self._started = self._started, None
         return kept[1] if kept is not None and kept[0] == task else None
 
-    def begin(self, task: TileTask) -> bool:
-        """The attempt's start record and whether an operator disabled this worker, in one
-        round trip (``begin_writes``): True when disabled."""
-        record, disabled = begin_writes(self.conn, self.records, self.report, task, self.name,
-                                        self.device_label, self.device.device_class,
-                                        self.store.clock())  # fmt: skip
+    def begin(self, task: TileTask) -> tuple[str, bool]:
+        """Start the tile (``JobStore.start_tile``'s outcome: 'ok' or why not) with the
+        attempt's start record, and read whether an operator disabled this worker, in one
+        round trip (``begin_writes``)."""
+        started, record, disabled = begin_writes(
+            self.conn, self.store, self.records, self.report, task, self.name,
+            self.device_label, self.device.device_class, self.store.clock(),
+        )  # fmt: skip
         self._started = None if record is None else (task, record)
-        return disabled
+        return started, disabled
 
     def spec(self, job_id: str) -> JobSpec:
         if job_id not in self.specs:
@@ -327,12 +329,11 @@ def render_tile(job_id: str, frame: int, index: int, attempt: int) -> None:
 
 def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
     job_id, frame, index, attempt = task.job_id, task.frame, task.index, task.attempt
-    started = ctx.store.start_tile(task)
+    started, disabled = ctx.begin(task)
     if started != "ok":
         log.info("event=tile_skipped job=%s frame=%d tile=%d attempt=%d why=%s",
                  job_id, frame, index, attempt, started)  # fmt: skip
         return
-    disabled = ctx.begin(task)
     spec = ctx.spec(job_id)
     if disabled:
         # taken in the moment its operator disabled it: handed back, not counted
@@ -618,30 +619,25 @@ class _Ending:
 
 
 def begin_writes(
-    conn: Redis, records: TaskRecords, report: Reporter, task: TileTask, worker: str,
-    device: str, device_class: str, now: float,
-) -> tuple[Attempt | None, bool]:  # fmt: skip
-    """A started tile's writes, in one round trip: the attempt's start record (returned, None
-    where Redis refused it: logged, the records inform) and whether an operator disabled
-    the worker (False where Redis cannot say: the task was just taken from Redis, it goes
-    on)."""
+    conn: Redis, store: JobStore, records: TaskRecords, report: Reporter, task: TileTask,
+    worker: str, device: str, device_class: str, now: float,
+) -> tuple[str, Attempt | None, bool]:  # fmt: skip
+    """A tile's start, in one round trip: the job store's claim of the attempt, which writes
+    the attempt's start record in the same step ('ok', the record; else why not, None), and
+    whether an operator disabled the worker (False where Redis cannot say: the task was
+    just taken from Redis, it goes on). Raises what ``JobStore.start_tile`` raises."""
     pipe = conn.pipeline(transaction=False)
-    record, wrote = records.started_in(pipe, task, worker, device, now, device_class)
-    flag = len(pipe)
+    record, stored = records.start(task, worker, device, now, device_class)
+    started = store.start_tile_in(pipe, task, stored)
     disabled = report.disabled_in(pipe)
-    try:
-        replies = guard(pipe.execute, raise_on_error=False)
-    except FarmError as exc:
-        _record_failed(task, exc)
-        return None, False
-    kept: Attempt | None = record
-    try:
-        wrote(replies[0])
-    except FarmError as exc:
-        _record_failed(task, exc)
-        kept = None
+    replies = guard(pipe.execute, raise_on_error=False)
+    outcome = started(replies[0])
     # a reporter without a registry sends no read: then there is no reply for it
-    return kept, disabled(replies[flag]) if len(replies) > flag else False
+    return (
+        outcome,
+        record if outcome == "ok" else None,
+        (disabled(replies[1]) if len(replies) > 1 else False),
+    )
 
 
 def end_writes(

@@ -169,9 +169,8 @@ def test_a_task_records_end_builds_on_its_own_start_only(ctx: WorkerContext) -> 
     (a sweep's, a failure after a restart) reads its own start back."""
     job_id = _job(ctx)
     first, second = TileTask(job_id, 1, 0, 1), TileTask(job_id, 1, 1, 1)
-    for task in (first, second):
-        assert ctx.store.start_tile(task) == "ok"
-    assert ctx.begin(first) is False
+    assert ctx.begin(first) == ("ok", False)
+    assert ctx.store.start_tile(second) == "ok"
     ctx.records.started(second, "elsewhere", "GPU 1 (T4)", 5.0, "t4")  # another process's
     ctx.record(second, "failed", cause="lost")
     ctx.record(first, "done", render_s=1.5)

@@ -1,11 +1,13 @@
 """What a worker writes to Redis as a tile starts and as it leaves its device, each in one round
-trip: the attempt's start record with the operator's disabled flag; the attempt's end record,
-the worker's return to idle with the tile's counts and the device lease's release."""
+trip: the tile's start with the attempt's start record (one step of the job store's) and the
+operator's disabled flag; the attempt's end record, the worker's return to idle with the
+tile's counts and the device lease's release."""
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -51,12 +53,15 @@ def ctx(redis_url: str, tmp_path: Path) -> WorkerContext:
     )
 
 
-def _started(ctx: WorkerContext) -> TileTask:
+def _queued(ctx: WorkerContext, tiles: str = "1x1") -> str:
     source = BlendSource("path", "/nowhere/scene.blend", "0" * 64, "scene.blend")
-    spec = JobSpec(source, (1,), "1x1", 64, 32, "/tmp/out")
-    job_id = submit(ctx.queue.conn, ctx.store, ctx.queue, spec, [], scripts_blocked=False)
-    task = TileTask(job_id, 1, 0, 1)
-    assert ctx.store.start_tile(task) == "ok"
+    spec = JobSpec(source, (1,), tiles, 64, 32, "/tmp/out")
+    return submit(ctx.queue.conn, ctx.store, ctx.queue, spec, [], scripts_blocked=False)
+
+
+def _started(ctx: WorkerContext) -> TileTask:
+    task = TileTask(_queued(ctx), 1, 0, 1)
+    assert ctx.begin(task) == ("ok", False)
     return task
 
 
@@ -64,21 +69,30 @@ def _sent(round_trips: Counter[str]) -> int:
     return round_trips[threading.current_thread().name]
 
 
-def test_a_tiles_start_record_and_the_disabled_flag_are_one_round_trip(
+def test_a_tiles_start_its_record_and_the_disabled_flag_are_one_round_trip(
     ctx: WorkerContext, round_trips: Counter[str]
 ) -> None:
-    task = _started(ctx)
-    ctx.begin(task)  # the first call on a fresh server also loads the records' function
+    job_id = _queued(ctx, "3x1")
+    first, task, third = (TileTask(job_id, 1, i, 1) for i in range(3))
+    ctx.begin(first)  # the first call on a fresh server also loads the job store's functions
     before = _sent(round_trips)
-    assert ctx.begin(task) is False
+    assert ctx.begin(task) == ("ok", False)
     assert _sent(round_trips) - before == 1
-    ((row,),) = [r.attempts for r in ctx.records.rows(task.job_id)]
+    attempts = {row.index: row.attempts for row in ctx.records.rows(job_id)}
+    (row,) = attempts[1]
     assert (row.worker, row.device, row.outcome, row.device_class) == (
         NAME, "the CPU", "rendering", "cpu")  # fmt: skip
 
+    # a tile not this attempt's is not started, and no record of it is written
+    assert ctx.begin(task) == ("stale", False)
+    time.sleep(0.01)
+    assert ctx.records.rows(job_id)[1].attempts == attempts[1]  # (not written again)
+    assert ctx.begin(TileTask(job_id, 1, 2, 2)) == ("stale", False)
+    assert [row.attempts for row in ctx.records.rows(job_id)][2] == []
+
     assert ctx.report.registry is not None
     ctx.report.registry.set_disabled(NAME, True, by="an operator")
-    assert ctx.begin(task) is True
+    assert ctx.begin(third) == ("ok", True)
 
 
 def _ended_on_device(
@@ -87,7 +101,9 @@ def _ended_on_device(
     """A tile rendered on its device and ended there with ``outcome``: the end's writes are
     held for its ``_Ending``, not sent yet."""
     task = _started(ctx)
-    ctx.begin(task)
+    # the first call on a fresh server loads the records' function: a tile of no job, which it
+    # writes nothing for
+    ctx.records.started(TileTask("no-job", 1, 0, 1), NAME, "the CPU", 1.0)
     lease = ctx.allocator.acquire(NAME, RENDER)
     ending = _Ending(ctx, task, lease)
     ctx.report.begin("rendering", task="tile", job=task.job_id, frame=1, tile=0, lease=lease.id)
