@@ -16,8 +16,9 @@ work are simulated:
   did before), the execution's records before the task, the success's after it); the task's
   own work is the simulation's. A worker starts the tile with the attempt's start record (one
   step of the job store's) and reads the disabled flag, in one round trip
-  (``workers.tasks.begin_writes``), leases its device (a pinned request), shows the tile on the
-  workers page, "renders" for a time drawn from an exponential distribution (mean
+  (``workers.tasks.begin_writes``), leases its device (a pinned request) and shows the tile
+  on the workers page in the grant's round trip (``--tile-writes one-by-one``: each of those
+  in its own), "renders" for a time drawn from an exponential distribution (mean
   ``--tile-s``, at least 1 s) while renewing the lease and the tile every lease period / 3,
   commits the tile (fenced), then ends it (its end record, the worker idle with the tile
   counted, the lease's release: ``workers.tasks.end_writes``; ``--tile-writes one-by-one``
@@ -88,7 +89,13 @@ from bench.rq_task import _counted, _RqBookkeeping, _RqFetch, _sent  # noqa: E40
 from encoder.service import registration_writes  # noqa: E402
 from farm import jobstore, keys, queue, workerstate  # noqa: E402
 from farm.alloc.agent import Beside, heartbeat, together  # noqa: E402
-from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator  # noqa: E402
+from farm.alloc.allocator import (  # noqa: E402
+    DeviceOffer,
+    Lease,
+    LeaseBeside,
+    Request,
+    SlotAllocator,
+)
 from farm.gpu.fake import FAKE_MODELS  # noqa: E402
 from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
@@ -330,7 +337,18 @@ class Farm:
             "render", vram_mib=RENDER_VRAM_MIB, render_slots=1, device_ids=(device.id,),
             job=task.job_id,
         )  # fmt: skip
-        lease = self.fig.timed("acquire", self.alloc.try_acquire, f"w-{device.id}", request)
+        activity = {"task": "tile", "job": task.job_id, "frame": task.frame, "tile": task.index}
+        shown: LeaseBeside | None = None
+        if self.args.tile_writes == "batched":
+            # the tile on the workers page, written with the lease's grant (workers.tasks)
+            reporter = self._reporter(device.id)
+
+            def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
+                return reporter.begin_in(pipe, keys.lease(lease_id), "rendering", **activity,
+                                         lease=lease_id)  # fmt: skip
+
+        lease = self.fig.timed("acquire", self.alloc.try_acquire, f"w-{device.id}", request,
+                               shown)  # fmt: skip
         if lease is None:  # a stream holds the device's memory: hand the tile back
             self.fig.timed("record", self.records.ended, task, self.now_ms / 1000, "requeued",
                            started=self.kept.pop(device.id, None), cause="no room")  # fmt: skip
@@ -341,13 +359,9 @@ class Farm:
                 self.fig.timed("requeue", self.queue.stage_tiles, [retry], 60)
             self._task_done(device, job)
             return
-        activity = {"task": "tile", "job": task.job_id, "frame": task.frame,
-                    "tile": task.index, "lease": lease.id}  # fmt: skip
-        if self.args.tile_writes == "batched":
-            self.fig.timed("activity", self._reporter(device.id).begin, "rendering", **activity)
-        else:
+        if shown is None:
             self.fig.timed("activity", self.registry.start_task, f"w-{device.id}", "rendering",
-                           **activity)  # fmt: skip
+                           **activity, lease=lease.id)  # fmt: skip
         duration = max(1.0, self.rng.expovariate(1 / self.args.tile_s))
         end_ms = self.now_ms + int(duration * 1000)
         self._renew_tile(device, job, task, lease, end_ms)

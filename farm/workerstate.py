@@ -127,9 +127,20 @@ end
 return #old
 """
 
+#: A task's start where a key exists: KEYS[1] the worker's hash, KEYS[2] the key (the lease the
+#: task runs under, granted by an earlier call of the same round trip). ARGV: field/value
+#: pairs. 1 when written, 0 when the key is absent (the lease was not granted).
+_START_TASK = f"""
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[1], {", ".join(repr(f) for f in TASK_FIELDS)})
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
 #: the beat as a Redis function (farm.luafunctions), so that a worker's beat can go in one
-#: pipeline with its device agent's heartbeat without redis-py's SCRIPT EXISTS round trip
-LIBRARY = Library("workerbeat", keys.lua("worker"), {"beat": _BEAT})
+#: pipeline with its device agent's heartbeat without redis-py's SCRIPT EXISTS round trip (and
+#: a task's start with the grant of its lease)
+LIBRARY = Library("workerbeat", keys.lua("worker"), {"beat": _BEAT, "start_task": _START_TASK})
 
 
 class WorkerRegistry:
@@ -140,6 +151,7 @@ class WorkerRegistry:
         self.silent_s = silent_s
         self.retention_s = retention_s
         self._beat = LIBRARY.bind(conn, "beat")
+        self._start_task = LIBRARY.bind(conn, "start_task")
 
     # --- a worker's own writes ------------------------------------------------------------------
 
@@ -170,15 +182,26 @@ class WorkerRegistry:
 
     def start_task(self, name: str, activity: str, **task: Any) -> None:
         """``name`` began a task: ``activity`` (rendering...) and what (job, frame, tile...)."""
-        mapping: dict[Any, Any] = {
-            "activity": activity,
-            "task_since": str(redisclock.now(self.conn)),
-        }
-        mapping.update({k: "" if v is None else str(v) for k, v in task.items()})
         pipe = self.conn.pipeline()
         pipe.hdel(keys.worker(name), *TASK_FIELDS)
-        pipe.hset(keys.worker(name), mapping=mapping)
+        pipe.hset(keys.worker(name), mapping=self._task_fields(activity, task))
         guard(pipe.execute)
+
+    def start_task_in(
+        self, pipe: Pipeline, name: str, after: str, activity: str, **task: Any
+    ) -> Callable[[Any], bool]:
+        """``start_task`` sent with ``pipe``, done only where the key ``after`` exists when it
+        runs (the lease the task runs under, granted by an earlier call of the pipeline); the
+        function returned reads its reply: whether it was written (raises as ``beat``)."""
+        flat = [v for pair in self._task_fields(activity, task).items() for v in pair]
+        call = ([keys.worker(name), after], flat)
+        self._start_task.queue(pipe, keys=call[0], args=call[1])
+        return lambda value: bool(guard(self._start_task.reply, value, keys=call[0], args=call[1]))
+
+    def _task_fields(self, activity: str, task: dict[str, Any]) -> dict[Any, Any]:
+        fields = {"activity": activity, "task_since": str(redisclock.now(self.conn))}
+        fields.update({k: "" if v is None else str(v) for k, v in task.items()})
+        return fields
 
     def end_task(self, name: str, counts: Sequence[str] = ()) -> None:
         """``name`` is idle again; ``counts``: its task's outcomes for today's counters (see
@@ -343,6 +366,30 @@ class Reporter:
         self._write(lambda r: r.start_task(self.name, activity, **task))
         outer, self._counts = self._counts, []
         return outer
+
+    def begin_in(
+        self, pipe: Pipeline, after: str, activity: str, **task: Any
+    ) -> Callable[[Sequence[Any]], None]:
+        """``begin`` sent with ``pipe``, begun only where the key ``after`` exists when it runs
+        (the lease the task runs under, granted by an earlier call of the pipeline); the
+        function returned reads its replies, logging a refusal."""
+        if self.registry is None:
+            return lambda _replies: self._begun()
+        written = self.registry.start_task_in(pipe, self.name, after, activity, **task)
+
+        def read(replies: Sequence[Any]) -> None:
+            try:
+                if written(replies[0]):
+                    self._begun()
+            except FarmError as exc:
+                # the task's outcomes are then counted on their own
+                log.warning("event=registry_write_failed worker=%s error=%r", self.name,
+                            exc.message)  # fmt: skip
+
+        return read
+
+    def _begun(self) -> None:
+        self._counts = []
 
     def end_in(self, pipe: Pipeline) -> Callable[[list[Any]], None]:
         """The end of the activity ``begin`` started (not within another), with the outcomes

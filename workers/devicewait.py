@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from farm.alloc.allocator import Lease, Request, SlotAllocator
+from farm.alloc.allocator import Lease, LeaseBeside, Request, SlotAllocator
 from farm.errors import FarmError
 from farm.jobstore import JobStore
 from farm.models import TileTask
@@ -27,12 +27,13 @@ def acquire_for_tile(
     request: Request,
     wait_s: float,
     stopping: threading.Event | None = None,
+    beside: LeaseBeside | None = None,
 ) -> Lease:
     """The device lease for ``task`` (already marked rendering), waiting up to ``wait_s``;
     NoCapacity when there is no room by then, when ``stopping`` is set (a SIGTERM's grace ran
     out) or when the tile was taken over. Meanwhile the tile's lease is renewed every third of
     its period, as during the render, so the recovery sweep does not count the wait as a
-    failed attempt."""
+    failed attempt. ``beside``: writes that go with the grant (``SlotAllocator.acquire``)."""
     give_up = threading.Event()
     done = threading.Event()
 
@@ -57,7 +58,7 @@ def acquire_for_tile(
     thread = threading.Thread(target=keep, name="tile-wait", daemon=True)
     thread.start()
     try:
-        return allocator.acquire(holder, request, wait_s=wait_s, stop=give_up)
+        return allocator.acquire(holder, request, wait_s=wait_s, stop=give_up, beside=beside)
     finally:
         done.set()
         thread.join()

@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -23,6 +23,7 @@ from farm import (
     estimate,
     estimaterecords,
     failures,
+    keys,
     metrics,
     tagslots,
 )
@@ -342,10 +343,17 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
         return
     # a SIGTERM's grace also ends the wait for a device: the worker must exit in time
     stop = ctx.shutdown.abandoned if ctx.shutdown is not None else None
+
+    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
+        # the tile on the workers page, written with its device lease's grant (one round trip)
+        return ctx.report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
+                                   job=job_id, project=spec.project, frame=frame, tile=index,
+                                   lease=lease_id)  # fmt: skip
+
     try:
         request = _render_request(ctx, spec, job_id)
         lease = acquire_for_tile(ctx.store, ctx.allocator, ctx.name, task, request,
-                                 LEASE_WAIT_S, stop)  # fmt: skip
+                                 LEASE_WAIT_S, stop, shown)  # fmt: skip
     except NoCapacity as exc:
         why = exc.message
         if stop is not None and stop.is_set():
@@ -356,8 +364,6 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
         _tile_failed(ctx, spec, task, exc.message, error=exc)
         return
     ending = _Ending(ctx, task, lease)
-    ctx.report.begin("rendering", task="tile", job=job_id, project=spec.project, frame=frame,
-                     tile=index, lease=lease.id)  # fmt: skip
     ctx._ending = ending
     try:
         _render_leased(ctx, spec, task, lease)

@@ -63,6 +63,11 @@ class Request:
         return f"{self.kind} lease ({', '.join(parts) or 'nothing'}) on a device{where}"
 
 
+#: queues writes on a pipeline beside a lease's grant (``pipe``, the lease's id); the function
+#: it returns reads their replies
+LeaseBeside = Callable[[Any, str], Callable[[Sequence[Any]], None]]
+
+
 @dataclass(frozen=True)
 class Lease:
     id: str
@@ -211,19 +216,24 @@ class SlotAllocator:
 
     # --- leases --------------------------------------------------------------------------------
 
-    def try_acquire(self, holder: str, request: Request) -> Lease | None:
+    def try_acquire(
+        self, holder: str, request: Request, beside: LeaseBeside | None = None
+    ) -> Lease | None:
         """One attempt: a lease, None when it could fit later, NeverFits when it never can,
-        Forbidden when the project's device policy keeps the request's role off the devices."""
+        Forbidden when the project's device policy keeps the request's role off the devices.
+        ``beside(pipe, lease id)`` queues writes that go in the attempt's round trip, after
+        the grant; they are to check that the lease exists (a refused attempt grants none)."""
         lease_id = uuid.uuid4().hex
-        reply = guard(
-            self._acquire,
-            args=[
-                self._now(), request.kind, holder, lease_id, request.vram_mib,
-                request.encoder_sessions, request.render_slots, self.ttl_ms,
-                ",".join(request.classes), ",".join(request.device_ids),
-                "1" if request.preempt else "0", request.project, request.job, request.role,
-            ],
-        )  # fmt: skip
+        args = [
+            self._now(), request.kind, holder, lease_id, request.vram_mib,
+            request.encoder_sessions, request.render_slots, self.ttl_ms,
+            ",".join(request.classes), ",".join(request.device_ids),
+            "1" if request.preempt else "0", request.project, request.job, request.role,
+        ]  # fmt: skip
+        if beside is None:
+            reply = guard(self._acquire, args=args)
+        else:
+            reply = self._acquire_beside(args, lease_id, beside)
         outcome = _text(reply[0])
         if outcome == "forbidden":
             allowed, refused = policy.parse(_text(reply[1])), _text(reply[2]).replace(",", "/")
@@ -245,6 +255,21 @@ class SlotAllocator:
             revoked_others=int(reply[4]),
         )
 
+    def _acquire_beside(self, args: list[Any], lease_id: str, beside: LeaseBeside) -> Any:
+        pipe = self.conn.pipeline(transaction=False)
+        self._acquire.queue(pipe, args=args)
+        read = beside(pipe, lease_id)
+        replies = guard(pipe.execute, raise_on_error=False)
+        reply = guard(self._acquire.reply, replies[0], args=args)
+        if isinstance(replies[0], Exception):
+            # the attempt ran again on its own (its library loaded) after the writes beside
+            # it had found no lease: they follow it
+            pipe = self.conn.pipeline(transaction=False)
+            read = beside(pipe, lease_id)
+            replies = [reply, *guard(pipe.execute, raise_on_error=False)]
+        read(replies[1:])
+        return reply
+
     def acquire(
         self,
         holder: str,
@@ -252,14 +277,16 @@ class SlotAllocator:
         wait_s: float = 0.0,
         poll_s: float = 0.05,
         stop: threading.Event | None = None,
+        beside: LeaseBeside | None = None,
     ) -> Lease:
         """A lease, waiting up to ``wait_s`` for room; NoCapacity when there is none by then,
-        or as soon as ``stop`` is set (a worker told to stop gives up waiting at once)."""
+        or as soon as ``stop`` is set (a worker told to stop gives up waiting at once).
+        ``beside``: as ``try_acquire``'s, with every attempt."""
         deadline = time.monotonic() + wait_s
         delay = poll_s
         stop = stop or threading.Event()
         while True:
-            lease = self.try_acquire(holder, request)
+            lease = self.try_acquire(holder, request, beside)
             if lease is not None:
                 return lease
             if stop.is_set():

@@ -9,12 +9,14 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from farm import jobstore, keys, queue, workerstate
+from farm.alloc import scripts
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.models import BlendSource, JobSpec, TileTask
@@ -146,3 +148,56 @@ def test_a_tile_that_fails_on_its_device_leaves_it_in_one_round_trip_too(
     assert _sent(round_trips) - before == 1
     ((row,),) = [r.attempts for r in ctx.records.rows(task.job_id)]
     assert (row.outcome, row.cause) == ("requeued", "lease lost")
+
+
+def test_a_tiles_device_lease_and_its_row_on_the_workers_page_are_one_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    """The page's row is written in the grant's round trip, and only where the lease was
+    granted: a refused attempt (the device busy) leaves the worker's row as it was."""
+    task = _started(ctx)
+    registry = ctx.report.registry
+    assert registry is not None
+
+    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
+        return ctx.report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
+                                   job=task.job_id, frame=1, tile=0, lease=lease_id)  # fmt: skip
+
+    other = ctx.allocator.acquire("someone", RENDER)  # the device's one render slot
+    assert ctx.allocator.try_acquire(NAME, RENDER, shown) is None
+    me = registry.get(NAME)
+    assert me is not None and (me.state.value, me.lease) == ("idle", "")
+
+    ctx.allocator.release(other)
+    before = _sent(round_trips)
+    lease = ctx.allocator.acquire(NAME, RENDER, beside=shown)
+    assert _sent(round_trips) - before == 1
+    me = registry.get(NAME)
+    assert me is not None
+    assert (me.state.value, me.lease, me.job, me.tile) == ("rendering", lease.id, task.job_id, 0)
+    ctx.report.count("done")  # counted with the activity's end, not on its own
+    before = _sent(round_trips)
+    ending = _Ending(ctx, task, lease)
+    ending.send()
+    assert _sent(round_trips) - before == 1
+    me = registry.get(NAME)
+    assert me is not None and (me.state.value, me.tiles_done_today) == ("idle", 1)
+
+
+def test_a_grant_made_again_after_its_library_loaded_still_shows_its_tile(
+    ctx: WorkerContext,
+) -> None:
+    """A server without the allocator's functions (restarted empty, or an older farm's) runs
+    the attempt again on its own once they are loaded: the row beside it follows it."""
+    task = _started(ctx)
+
+    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
+        return ctx.report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
+                                   job=task.job_id, frame=1, tile=0, lease=lease_id)  # fmt: skip
+
+    ctx.allocator.release(ctx.allocator.acquire(NAME, RENDER, beside=shown))  # both loaded
+    ctx.conn.function_delete(scripts.LIBRARY.name)
+    lease = ctx.allocator.acquire(NAME, RENDER, beside=shown)
+    assert ctx.report.registry is not None
+    me = ctx.report.registry.get(NAME)
+    assert me is not None and (me.state.value, me.lease) == ("rendering", lease.id)
