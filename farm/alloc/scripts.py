@@ -571,9 +571,10 @@ local now = clock(ARGV[1])
 local until_ms = now + tonumber(ARGV[3])
 local offers = cjson.decode(ARGV[6])
 local views = {}
+local reclaimed = false
 for _, d in ipairs(offers) do
   -- the pool as an agent that reconciles reads it: what expired is reclaimed first
-  if d['observed_vram_mib'] then reclaim(now); break end
+  if d['observed_vram_mib'] then reclaim(now); reclaimed = true; break end
 end
 redis.call('SET', keys.agent(ARGV[2]), 'alive', 'PX', ARGV[3])
 redis.call('HSET', keys.host(ARGV[4]), 'budget', ARGV[5])
@@ -664,10 +665,11 @@ for _, d in ipairs(offers) do
     place(d['id'], device_fields(d['id']), now, true)
   end
 end
--- Every beat also reclaims what expired (after this agent's own devices moved their deadlines):
--- a holder that died after the farm's last grant would otherwise keep its lease, unrecorded
--- in usage, until the next grant (seen in the chaos suite: a worker killed as it was granted).
-reclaim(now)
+-- Every beat also reclaims what expired (after this agent's own devices moved their deadlines,
+-- where it did not above, at the same instant): a holder that died after the farm's last grant
+-- would otherwise keep its lease, unrecorded in usage, until the next grant (seen in the chaos
+-- suite: a worker killed as it was granted).
+if not reclaimed then reclaim(now) end
 return views
 """
 
