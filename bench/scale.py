@@ -101,7 +101,13 @@ from farm.models import BlendSource, JobSpec, TileTask  # noqa: E402
 from farm.redisserver import RedisServer  # noqa: E402
 from farm.submission import submit  # noqa: E402
 from farm.taskrecords import Attempt, TaskRecords  # noqa: E402
-from workers.tasks import AttemptEnd, begin_writes, end_writes, renew_leases  # noqa: E402
+from workers.tasks import (  # noqa: E402
+    AttemptEnd,
+    begin_writes,
+    end_writes,
+    rendering_shown,
+    renew_leases,
+)
 
 LEASE_TTL_S = 15.0
 AGENT_TIMEOUT_S = 15.0
@@ -337,16 +343,10 @@ class Farm:
             "render", vram_mib=RENDER_VRAM_MIB, render_slots=1, device_ids=(device.id,),
             job=task.job_id,
         )  # fmt: skip
-        activity = {"task": "tile", "job": task.job_id, "frame": task.frame, "tile": task.index}
         shown: LeaseBeside | None = None
         if self.args.tile_writes == "batched":
-            # the tile on the workers page, written with the lease's grant (workers.tasks)
-            reporter = self._reporter(device.id)
-
-            def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
-                return reporter.begin_in(pipe, keys.lease(lease_id), "rendering", **activity,
-                                         lease=lease_id)  # fmt: skip
-
+            # the tile on the workers page, written with the lease's grant
+            shown = rendering_shown(self._reporter(device.id), task, "")
         lease = self.fig.timed("acquire", self.alloc.try_acquire, f"w-{device.id}", request,
                                shown)  # fmt: skip
         if lease is None:  # a stream holds the device's memory: hand the tile back
@@ -361,7 +361,8 @@ class Farm:
             return
         if shown is None:
             self.fig.timed("activity", self.registry.start_task, f"w-{device.id}", "rendering",
-                           **activity, lease=lease.id)  # fmt: skip
+                           task="tile", job=task.job_id, frame=task.frame, tile=task.index,
+                           lease=lease.id)  # fmt: skip
         duration = max(1.0, self.rng.expovariate(1 / self.args.tile_s))
         end_ms = self.now_ms + int(duration * 1000)
         self._renew_tile(device, job, task, lease, end_ms)

@@ -27,7 +27,7 @@ from farm import (
     metrics,
     tagslots,
 )
-from farm.alloc.allocator import Lease, Request, SlotAllocator
+from farm.alloc.allocator import Lease, LeaseBeside, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import (
     BlenderCrashed,
@@ -343,13 +343,7 @@ def _render_tile(ctx: WorkerContext, task: TileTask) -> None:
         return
     # a SIGTERM's grace also ends the wait for a device: the worker must exit in time
     stop = ctx.shutdown.abandoned if ctx.shutdown is not None else None
-
-    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
-        # the tile on the workers page, written with its device lease's grant (one round trip)
-        return ctx.report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
-                                   job=job_id, project=spec.project, frame=frame, tile=index,
-                                   lease=lease_id)  # fmt: skip
-
+    shown = rendering_shown(ctx.report, task, spec.project)
     try:
         request = _render_request(ctx, spec, job_id)
         lease = acquire_for_tile(ctx.store, ctx.allocator, ctx.name, task, request,
@@ -622,6 +616,19 @@ class _Ending:
         ctx = self.ctx
         end_writes(ctx.conn, ctx.records, ctx.report, ctx.allocator, self.lease, self.task,
                    self.end)  # fmt: skip
+
+
+def rendering_shown(report: Reporter, task: TileTask, project: str) -> LeaseBeside:
+    """The tile on the workers page (rendering, under its device lease), written with the
+    lease's grant, in its round trip, and only where it was granted
+    (``SlotAllocator.acquire``'s ``beside``)."""
+
+    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
+        return report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
+                               job=task.job_id, project=project, frame=task.frame,
+                               tile=task.index, lease=lease_id)  # fmt: skip
+
+    return shown
 
 
 def begin_writes(

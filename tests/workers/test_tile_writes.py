@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from farm.settings import Settings
 from farm.storage.local import LocalStorage
 from farm.submission import submit
 from workers.child import BlenderChild
-from workers.tasks import WorkerContext, _Ending
+from workers.tasks import WorkerContext, _Ending, rendering_shown
 
 OFFER = DeviceOffer("cpu-writes", "cpu", "test CPU", 4096, 0, 1)
 RENDER = Request("render", vram_mib=10, render_slots=1, device_ids=(OFFER.id,))
@@ -159,10 +158,7 @@ def test_a_tiles_device_lease_and_its_row_on_the_workers_page_are_one_round_trip
     registry = ctx.report.registry
     assert registry is not None
 
-    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
-        return ctx.report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
-                                   job=task.job_id, frame=1, tile=0, lease=lease_id)  # fmt: skip
-
+    shown = rendering_shown(ctx.report, task, "a project")
     other = ctx.allocator.acquire("someone", RENDER)  # the device's one render slot
     assert ctx.allocator.try_acquire(NAME, RENDER, shown) is None
     me = registry.get(NAME)
@@ -174,7 +170,8 @@ def test_a_tiles_device_lease_and_its_row_on_the_workers_page_are_one_round_trip
     assert _sent(round_trips) - before == 1
     me = registry.get(NAME)
     assert me is not None
-    assert (me.state.value, me.lease, me.job, me.tile) == ("rendering", lease.id, task.job_id, 0)
+    assert (me.state.value, me.lease, me.job, me.project, me.tile) == (
+        "rendering", lease.id, task.job_id, "a project", 0)  # fmt: skip
     ctx.report.count("done")  # counted with the activity's end, not on its own
     before = _sent(round_trips)
     ending = _Ending(ctx, task, lease)
@@ -191,10 +188,7 @@ def test_a_grant_made_again_after_its_library_loaded_still_shows_its_tile(
     the attempt again on its own once they are loaded: the row beside it follows it."""
     task = _started(ctx)
 
-    def shown(pipe: Any, lease_id: str) -> Callable[[Sequence[Any]], None]:
-        return ctx.report.begin_in(pipe, keys.lease(lease_id), "rendering", task="tile",
-                                   job=task.job_id, frame=1, tile=0, lease=lease_id)  # fmt: skip
-
+    shown = rendering_shown(ctx.report, task, "a project")
     ctx.allocator.release(ctx.allocator.acquire(NAME, RENDER, beside=shown))  # both loaded
     ctx.conn.function_delete(scripts.LIBRARY.name)
     lease = ctx.allocator.acquire(NAME, RENDER, beside=shown)
