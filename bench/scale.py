@@ -264,8 +264,10 @@ class Farm:
                 if self._renewals_carried:
                     # the service's beat carries its sessions' renewals (farm.alloc.renewals)
                     beside = together(beside, partial(self._stream_renewals_in, offer.id))
-            # a GPU agent's offer carries NVML's memory in use (the driver's own here)
-            read = replace(offer, observed_vram_mib=DRIVER_MIB)
+            # a GPU agent's offer carries NVML's reading: the memory in use (the driver's own
+            # here) and the encoder sessions open (the device's streams')
+            read = replace(offer, observed_vram_mib=DRIVER_MIB,
+                           observed_encoder_sessions=len(self.sessions[offer.id]))  # fmt: skip
             self.fig.timed(f"{kind}_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
                            [read], AGENT_TIMEOUT_S, budget, beside)  # fmt: skip
         else:
