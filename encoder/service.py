@@ -271,11 +271,9 @@ class StreamService:
         return self.beacon
 
     def _gauges(self) -> dict[str, Any]:
-        device, sessions = self.device, len(self.sessions)
-        util = None
-        if self.nvml is not None and device.index is not None:
-            with contextlib.suppress(FarmError):
-                util = self.nvml.device(device.index).utilization_pct
+        sessions = len(self.sessions)
+        # the beat's own reading (its agent's), not a query of its own that could hang the beat
+        util = self.agent.utilization_pct(self.device) if self.agent is not None else None
         return {
             "activity": "streaming" if sessions else "idle",
             "task": f"{sessions} session{'s' if sessions != 1 else ''}" if sessions else "",

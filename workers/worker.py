@@ -164,9 +164,10 @@ def _beacon(settings: Settings, ctx: tasks.WorkerContext, agent: DeviceAgent) ->
                 "device_class": device.device_class, "model": device.model}  # fmt: skip
 
     def gauges() -> dict[str, object]:
-        if agent.nvml is None or device.index is None:
-            return {}
-        return {"utilization_pct": agent.nvml.device(device.index).utilization_pct}
+        # the beat's own reading: a second NVML query here would be one more a beat, and one
+        # that could hang the beat the agent's reader keeps from hanging
+        util = agent.utilization_pct(device)
+        return {} if util is None else {"utilization_pct": util}
 
     assert ctx.report.registry is not None
     return workerstate.Beacon(ctx.report.registry, ctx.name, identity, gauges)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from farm import metrics
@@ -21,6 +23,14 @@ log = logging.getLogger("tessera.agent")
 
 #: queues writes on a pipeline; the function it returns reads their replies
 Beside = Callable[[Any], Callable[[Sequence[Any]], None]]
+
+#: NVML's reading of an agent's GPUs: those it read, and those it could not (why)
+Reading = tuple[list[GpuInfo], dict[str, str]]
+
+#: how long a heartbeat waits for NVML's reading. A driver that stops answering (a wedged GPU)
+#: must not hold the beat: its round trip keeps the devices alive and carries the stream
+#: service's renewals, which would otherwise lapse under sessions still streaming.
+NVML_WAIT_S = 2.0
 
 
 def together(*besides: Beside) -> Beside:
@@ -59,6 +69,49 @@ def heartbeat(
     return registered(replies[0])
 
 
+class NvmlReader:
+    """NVML's readings for an agent's beats, each made on a thread of its own and waited for at
+    most ``wait_s``. A reading not back by then is late: the beat goes without it, and the next
+    beat waits for that same reading (one in flight at most), never starting another on a driver
+    that is not answering."""
+
+    def __init__(
+        self, read: Callable[[], Reading], wait_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self._read, self.wait_s, self._clock = read, wait_s, clock
+        self._pending: Future[Reading] | None = None
+        self._started_s = 0.0
+
+    def read(self) -> Reading | None:
+        """The reading, or None where it is late (``late_s`` says since when); raises what the
+        read raised (``NvmlError``: NVML failing as a whole)."""
+        if self._pending is None:
+            self._pending = Future()
+            self._started_s = self._clock()
+            threading.Thread(target=self._run, args=(self._pending,), name="nvml-read",
+                             daemon=True).start()  # fmt: skip
+        pending = self._pending
+        try:
+            return pending.result(timeout=self.wait_s)
+        except TimeoutError:
+            return None
+        finally:
+            if pending.done():
+                self._pending = None
+
+    @property
+    def late_s(self) -> float:
+        """How long the reading in flight has been waited for (0: none is)."""
+        return 0.0 if self._pending is None else self._clock() - self._started_s
+
+    def _run(self, pending: Future[Reading]) -> None:
+        try:
+            pending.set_result(self._read())
+        except BaseException as exc:
+            pending.set_exception(exc)
+
+
 class DeviceAgent:
     """One process's claim on some of the host's devices (a render worker: its one device)."""
 
@@ -72,6 +125,7 @@ class DeviceAgent:
         select: Callable[[Device], bool] = lambda _d: True,
         farm_pids: Callable[[], set[int]] = set,
         hostname: str | None = None,
+        nvml_wait_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.allocator = allocator
@@ -81,6 +135,10 @@ class DeviceAgent:
         self.devices = [d for d in host_devices(settings, nvml, hostname) if select(d)]
         self.budget = host_encoder_budget(settings, self.devices)
         self.drifts: list[Drift] = []
+        #: this beat's reading of each GPU, by NVML index (none while NVML is late)
+        self.gpus: dict[int, GpuInfo] = {}
+        wait_s = NVML_WAIT_S if nvml_wait_s is None else nvml_wait_s
+        self._reader = NvmlReader(self.read_gpus, wait_s)
         #: writes sent with each heartbeat, in its round trip (the process's entry on the
         #: workers page, ``Beacon.beat_in``; a stream service's registration for the web)
         self.beside: Beside | None = None
@@ -120,7 +178,7 @@ class DeviceAgent:
             )
         return offers
 
-    def read_gpus(self) -> tuple[list[GpuInfo], dict[str, str]]:
+    def read_gpus(self) -> Reading:
         """NVML's reading of this agent's GPUs now, and the devices it could not read (why)."""
         gpus: list[GpuInfo] = []
         faults: dict[str, str] = {}
@@ -137,14 +195,33 @@ class DeviceAgent:
         """Register (again): capacities, availability and unexplained use, alive for a timeout;
         with ``beside``'s writes, and ``extra``'s, in the same round trip. Then the drift
         between the leases, as the registration saw them, and NVML's reading is logged
-        (``drifts``)."""
-        gpus, faults = self.read_gpus()
+        (``drifts``). NVML's reading is waited for ``nvml_wait_s`` at most (``NvmlReader``):
+        without it the devices are offered with nothing observed, and as unavailable once NVML
+        has not answered for the agent timeout (their leases stay; no new one is placed)."""
+        reading = self._reader.read() if self.nvml is not None else ([], {})
+        gpus, faults = reading if reading is not None else ([], self._silent())
+        self.gpus = {gpu.index: gpu for gpu in gpus}
         metrics.observe_gpus(self.devices, gpus)
         writes = [b for b in (self.beside, extra) if b is not None]
         leases = heartbeat(self.allocator, self.name, self.devices[0].host,
                            self.offers(gpus, faults), self.settings.agent_timeout_s, self.budget,
                            together(*writes) if writes else None)  # fmt: skip
         self.drifts = self._reconcile(gpus, leases) if gpus else []
+
+    def utilization_pct(self, device: Device) -> int | None:
+        """``device``'s utilisation in this beat's reading (None: a CPU, or NVML late)."""
+        gpu = self.gpus.get(device.index) if device.index is not None else None
+        return None if gpu is None else gpu.utilization_pct
+
+    def _silent(self) -> dict[str, str]:
+        """The faults to offer while NVML's reading is late: none until it has been late for
+        the agent timeout, then every GPU of this agent's."""
+        late_s = self._reader.late_s
+        log.warning("event=nvml_late agent=%s waited_s=%.1f", self.name, late_s)
+        if late_s < self.settings.agent_timeout_s:
+            return {}
+        why = f"NVML has not answered for {late_s:.0f} s (a hung driver or a wedged GPU)"
+        return {d.id: why for d in self.devices if d.index is not None}
 
     def _reconcile(self, gpus: list[GpuInfo], leases: dict[str, LeaseView]) -> list[Drift]:
         # only this agent's GPUs: another agent's devices are not ours to judge

@@ -5,6 +5,7 @@ started through the test suite's entry point (tests/doubles.py); benches use its
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -63,10 +64,15 @@ class FakeNvml:
     _gpus: list[_FakeGpu] = field(init=False, repr=False)
     _failures_left: int = field(default=0, init=False, repr=False)
     _open: bool = field(default=True, init=False, repr=False)
+    #: clear while the fake's driver hangs (``stall``): every query waits for it
+    _answering: threading.Event = field(
+        default_factory=threading.Event, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         keys = [key for item in self.models for key in _expand(item)]
         self._gpus = [_FakeGpu(_new_info(index, key)) for index, key in enumerate(keys)]
+        self._answering.set()
 
     # --- the Nvml interface -------------------------------------------------------------------
 
@@ -129,9 +135,18 @@ class FakeNvml:
         """The next ``calls`` queries fail as a flaky driver's would (not lost)."""
         self._failures_left = calls
 
+    def stall(self) -> None:
+        """The driver stops answering (a wedged GPU): every query waits until ``answer``."""
+        self._answering.clear()
+
+    def answer(self) -> None:
+        """The driver answers again; the queries waiting return."""
+        self._answering.set()
+
     # --- inside -------------------------------------------------------------------------------
 
     def _answer(self) -> None:
+        self._answering.wait()
         if not self._open:
             raise NvmlError(
                 "NVML: query after close failed: Uninitialized",

@@ -22,8 +22,10 @@ import redis
 from encoder.app import running
 from encoder.service import StreamService
 from farm import browserrules, keys, workerstate
+from farm.alloc import agent as agent_module
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.errors import LeaseLost
+from farm.gpu.fake import FakeNvml
 from farm.settings import Settings
 from tests.encoder.rtcviewer import RtcViewer
 from tests.encoder.serviceprocess import ServiceProcess
@@ -399,6 +401,39 @@ def test_a_gpu_service_accounts_nvenc_sessions_and_vram_on_its_gpu(
         assert (listed.kind, listed.device_class, listed.state, listed.task) == (
             "stream", "t4", "streaming", "1 session")  # fmt: skip
         assert listed.utilization_pct == 37
+
+
+def test_a_gpu_service_whose_nvml_hangs_keeps_renewing_its_sessions(
+    stream_settings: Settings, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sessions' renewals ride the agent's heartbeat, which read NVML first (twice: its
+    reading, then the workers page's utilisation): a driver that stopped answering held the
+    beat, and the leases lapsed under sessions still streaming. The beat now waits for NVML
+    no longer than ``NVML_WAIT_S``, and reports no utilisation without a reading."""
+    monkeypatch.setattr(agent_module, "NVML_WAIT_S", 0.2)
+    settings = stream_settings.with_(device="gpu", gpu_index=0, nvml="fake:t4", nvenc="fake")
+    conn = redis.Redis.from_url(redis_url, decode_responses=True)
+    alloc = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
+    with running(settings) as service:
+        nvml = service.nvml
+        assert isinstance(nvml, FakeNvml)
+        held = alloc.acquire("session-1", Request("stream", encoder_sessions=1,
+                                                  device_ids=(service.device.id,)))  # fmt: skip
+        nvml.stall()
+        try:
+            outcomes: list[Lease | LeaseLost] = []
+            beat = threading.Thread(target=lambda: outcomes.extend(service._beat([held])))
+            beat.start()
+            beat.join(2.0)
+            assert not beat.is_alive(), "the beat is held by NVML"
+        finally:
+            nvml.answer()
+        (renewed,) = outcomes
+        assert isinstance(renewed, Lease) and renewed.expires_ms > held.expires_ms
+        listed = workerstate.registry_for(conn, settings).get(service.name)
+        assert listed is not None and listed.utilization_pct is None
+        alloc.release(renewed)
+    conn.close()
 
 
 def test_a_gpu_without_nvenc_refuses_streams_for_good(stream_settings: Settings) -> None:
