@@ -107,6 +107,7 @@ from workers.tasks import (  # noqa: E402
     end_writes,
     rendering_shown,
     renew_leases,
+    renew_leases_in,
 )
 
 LEASE_TTL_S = 15.0
@@ -197,6 +198,8 @@ class Farm:
         self.beacons: dict[str, workerstate.Beacon] = {}
         # the start record each device's worker wrote last (the end builds on it)
         self.kept: dict[str, Attempt | None] = {}
+        # the tile rendering on each device now and its lease, renewed by the worker's beat
+        self.rendering: dict[str, tuple[TileTask, Lease]] = {}
 
         # rq's worker (and the farm's, its maintenance) reads the time from the virtual clock
         def clock() -> datetime:
@@ -258,6 +261,9 @@ class Farm:
                      "alive_until": self.now_ms / 1000 + AGENT_TIMEOUT_S}  # fmt: skip
         if self.args.beats == "together":
             beside: Beside = beacon.beat_in
+            if kind == "render" and self._tile_renewals_carried:
+                # the worker's beat carries its rendering tile's renewal (workers.tasks)
+                beside = together(beside, partial(self._tile_renewal_in, offer.id))
             if entry is not None:
                 beside = partial(registration_writes, device_id=offer.id, entry=entry,
                                  beacon=beacon)  # fmt: skip
@@ -268,8 +274,14 @@ class Farm:
             # here) and the encoder sessions open (the device's streams')
             read = replace(offer, observed_vram_mib=DRIVER_MIB,
                            observed_encoder_sessions=len(self.sessions[offer.id]))  # fmt: skip
-            self.fig.timed(f"{kind}_heartbeat", heartbeat, self.alloc, f"agent-{name}", host,
-                           [read], AGENT_TIMEOUT_S, budget, beside)  # fmt: skip
+            # a beat that carries a tile's renewal is when that renewal comes back: its latency
+            # is the renewal's as the worker sees it
+            carrying = (
+                kind == "render" and self._tile_renewals_carried and offer.id in self.rendering
+            )
+            self.fig.timed("renew" if carrying else f"{kind}_heartbeat", heartbeat, self.alloc,
+                           f"agent-{name}", host, [read], AGENT_TIMEOUT_S, budget,
+                           beside)  # fmt: skip
         else:
             # a GPU agent read its devices' leases to reconcile them with NVML before each beat
             # (the registration now works that out and returns them); every device here is a GPU
@@ -442,6 +454,31 @@ class Farm:
         self.fig.timed("rq_finish", _rq_finish, worker, job, q, execution)
         self.at(0.0, lambda: self.worker_idle(device))
 
+    @property
+    def _tile_renewals_carried(self) -> bool:
+        return bool(self.args.beats == "together" and self.args.tile_renewals == "carried")
+
+    def _tile_renewal_in(self, device_id: str, pipe: Any) -> Callable[[Sequence[Any]], None]:
+        """The device's rendering tile's renewal, on its worker's heartbeat's pipeline
+        (``workers.tasks.CarriedRenewal``)."""
+        held = self.rendering.get(device_id)
+        if held is None:
+            return lambda _replies: None
+        task, lease = held
+        read = renew_leases_in(pipe, self.alloc, self.store, lease, task)
+
+        def done(replies: Sequence[Any]) -> None:
+            renewed, ours = read(replies)
+            if not ours:
+                raise SystemExit(f"a tile was taken over in a farm where nothing dies: {task}")
+            self.rendering[device_id] = (task, renewed)
+
+        return done
+
+    def _finish_carried(self, device: DeviceOffer, job: Job) -> None:
+        task, lease = self.rendering.pop(device.id)
+        self._finish_tile(device, job, task, lease)
+
     def _renew_both(self, lease: Lease, task: TileTask) -> Lease:
         """A render worker's renewal: the device's lease and the tile's in one round trip."""
         renewed, ours = renew_leases(self.conn, self.alloc, self.store, lease, task)
@@ -453,6 +490,12 @@ class Farm:
         self, device: DeviceOffer, job: Job, task: TileTask, lease: Lease, end_ms: int
     ) -> None:
         every_ms = int(LEASE_TTL_S / 3 * 1000)
+        if self._tile_renewals_carried:
+            # renewed by the worker's beats (every third of the agent timeout, no longer than
+            # a third of the lease's) until it finishes
+            self.rendering[device.id] = (task, lease)
+            self.at((end_ms - self.now_ms) / 1000, lambda: self._finish_carried(device, job))
+            return
         if self.now_ms + every_ms < end_ms:
 
             def renew() -> None:
@@ -462,17 +505,19 @@ class Farm:
             self.at(every_ms / 1000, renew)
             return
 
-        def finish() -> None:
-            spec = self.specs[task.job_id]
-            outcome = self.fig.timed("commit", self.store.finish_tile, task,
-                                     spec.tasks_per_frame, lease.id, lease.token)  # fmt: skip
-            self._tile_leaves(device, task, lease)
-            if outcome == "frame_ready":
-                self.fig.timed("enqueue_assembly", self.queue.enqueue_assembly, task.job_id,
-                               task.frame, 60)  # fmt: skip
-            self._task_done(device, job)
+        self.at(max(0, end_ms - self.now_ms) / 1000,
+                lambda: self._finish_tile(device, job, task, lease))  # fmt: skip
 
-        self.at(max(0, end_ms - self.now_ms) / 1000, finish)
+    def _finish_tile(self, device: DeviceOffer, job: Job, task: TileTask, lease: Lease) -> None:
+        """The tile rendered: its commit (fenced), its writes as it leaves the device."""
+        spec = self.specs[task.job_id]
+        outcome = self.fig.timed("commit", self.store.finish_tile, task,
+                                 spec.tasks_per_frame, lease.id, lease.token)  # fmt: skip
+        self._tile_leaves(device, task, lease)
+        if outcome == "frame_ready":
+            self.fig.timed("enqueue_assembly", self.queue.enqueue_assembly, task.job_id,
+                           task.frame, 60)  # fmt: skip
+        self._task_done(device, job)
 
     def _assembled(
         self, device: DeviceOffer, job: Job, job_id: str, frame: int, attempt: int
@@ -773,6 +818,14 @@ def main() -> None:
         help="a stream service's sessions' renewals: carried by its heartbeat's round trip "
         "(encoder.service), or in a call of their own every lease period / 3 as before "
         "(always so with --beats apart)",
+    )
+    ap.add_argument(
+        "--tile-renewals",
+        choices=("carried", "apart"),
+        default="carried",
+        help="a rendering tile's renewal: carried by its worker's heartbeat's round trip "
+        "(workers.tasks.CarriedRenewal), or in a round trip of its own every lease period / 3 "
+        "as before (always so with --beats apart)",
     )
     ap.add_argument(
         "--redis-config",

@@ -87,6 +87,8 @@ class WorkerContext:
     _started: tuple[TileTask, Attempt] | None = field(default=None, init=False, repr=False)
     #: the tile on its device now: the writes that end it go in one round trip (``_Ending``)
     _ending: _Ending | None = field(default=None, init=False, repr=False)
+    #: the worker's heartbeat, carrying the rendering tile's renewal (``CarriedRenewal``)
+    carried: CarriedRenewal | None = None
 
     @property
     def scratch(self) -> Path:
@@ -579,10 +581,18 @@ def renew_leases(
     tile whose device lease is lost is still touched by that round trip: its worker fails it at
     once, and were the worker to die first the sweep would find it one lease period later."""
     pipe = conn.pipeline(transaction=False)
+    read = renew_leases_in(pipe, allocator, store, lease, task)
+    return read(guard(pipe.execute, raise_on_error=False))
+
+
+def renew_leases_in(
+    pipe: Any, allocator: SlotAllocator, store: JobStore, lease: Lease, task: TileTask
+) -> Callable[[Sequence[Any]], tuple[Lease, bool]]:
+    """``renew_leases`` sent with ``pipe`` (a heartbeat's, ``CarriedRenewal``); the function
+    returned reads its two replies and answers as ``renew_leases`` does."""
     renewed = allocator.renew_in(pipe, lease)
     touched = store.touch_tile_in(pipe, task)
-    replies = guard(pipe.execute, raise_on_error=False)
-    return renewed(replies[0]), touched(replies[1])
+    return lambda replies: (renewed(replies[0]), touched(replies[1]))
 
 
 def _record_failed(task: TileTask, exc: FarmError) -> None:
@@ -684,30 +694,99 @@ def end_writes(
     released(replies[last])
 
 
+class CarriedRenewal:
+    """The rendering tile's renewal in the worker's heartbeat. The agent beats every
+    ``interval_s`` (a third of its timeout), and that round trip carries the renewal of the
+    tile on the device (its device lease and its own lease, ``renew_leases_in``): one round
+    trip a beat instead of two. A tile whose lease the beats renew too seldom (a lease period
+    shorter than the agent's) is not carried; one they stop renewing (a beat late or failing)
+    renews on its own (``_Renewal``)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._renewal: _Renewal | None = None
+
+    def carries(self, every_s: float) -> bool:
+        """Whether a renewal needed every ``every_s`` can ride the beats."""
+        return self.interval_s <= every_s
+
+    def hold(self, renewal: _Renewal) -> None:
+        with self._lock:
+            self._renewal = renewal
+
+    def drop(self, renewal: _Renewal) -> None:
+        with self._lock:
+            if self._renewal is renewal:
+                self._renewal = None
+
+    def beat_in(self, pipe: Any) -> Callable[[Sequence[Any]], None]:
+        """The tile's renewal queued on the heartbeat's ``pipe`` (nothing when no tile
+        renders); its reader never raises: a renewal Redis refused is logged, and the tile
+        renews on its own if no later beat does."""
+        with self._lock:
+            renewal = self._renewal
+        if renewal is None or renewal.lost is not None:
+            return lambda _replies: None
+        read = renewal.renew_in(pipe)
+
+        def done(replies: Sequence[Any]) -> None:
+            try:
+                read(replies)
+            except FarmError as exc:
+                renewal.failed(exc)
+
+        return done
+
+
 class _Renewal:
     """Renews the tile and its device lease while the Blender child renders.
 
-    When the lease is lost (a stream preempted it, or this process was paused past it) the
-    render is cancelled at once, since its result could no longer be committed: the Blender
-    child is killed, unless it has already finished (then it is kept, and the result dropped).
+    Where the worker's heartbeat carries the renewal (``CarriedRenewal``), this renews only
+    once its last renewal is ``CARRIED_SLACK`` periods old (the beats late or failing); else
+    every period. When the lease is lost (a stream preempted it, or this process was paused
+    past it) the render is cancelled at once, since its result could no longer be committed:
+    the Blender child is killed, unless it has already finished (then it is kept, and the
+    result dropped).
     """
+
+    #: a carried renewal is renewed by its own thread only this many periods after the last:
+    #: the beats come every period or sooner, so the thread renews only when they are late
+    CARRIED_SLACK = 1.5
 
     def __init__(self, ctx: WorkerContext, task: TileTask, lease: Lease) -> None:
         self.ctx, self.task, self.lease = ctx, task, lease
         self.lost: str | None = None
-        self._stop = threading.Event()
+        carried = ctx.carried
+        self._carried = carried if carried is not None and carried.carries(self.every_s) else None
+        #: how long after the last renewal this renews on its own
+        self._own_every_s = self.every_s * (self.CARRIED_SLACK if self._carried else 1.0)
+        self._lock = threading.Lock()
+        self._renewed_s = time.monotonic()
+        self._stopping = False
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tile-lease", daemon=True)
 
     @property
     def every_s(self) -> float:
         return min(self.ctx.store.tile_lease_s, self.ctx.allocator.ttl_ms / 1000) / 3
 
+    @property
+    def carried(self) -> bool:
+        """Whether the worker's heartbeat renews this tile."""
+        return self._carried is not None
+
     def __enter__(self) -> _Renewal:
+        if self._carried is not None:
+            self._carried.hold(self)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        if self._carried is not None:
+            self._carried.drop(self)
+        self._stopping = True
+        self._wake.set()
         self._thread.join()
 
     def check(self) -> None:
@@ -719,30 +798,55 @@ class _Renewal:
         """Renew the device's lease and the tile's (``renew_leases``), and the tile's tag slots
         where its job has limited tags; ``lost`` says why where either lease is gone.
         FarmError where Redis is away."""
+        pipe = self.ctx.conn.pipeline(transaction=False)
+        read = self.renew_in(pipe)
+        read(guard(pipe.execute, raise_on_error=False))
+
+    def renew_in(self, pipe: Any) -> Callable[[Sequence[Any]], None]:
+        """``renew`` sent with ``pipe``; the function returned reads its replies, sets
+        ``lost`` where a lease is gone and raises FarmError where Redis refused."""
         ctx, task = self.ctx, self.task
-        try:
-            self.lease, ours = renew_leases(ctx.conn, ctx.allocator, ctx.store, self.lease, task)
-        except LeaseLost as exc:
-            self.lost = str(exc.fields.get("why", exc.message))
-            return
-        if not ours:
-            self.lost = "the tile was taken over"
-            return
-        tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
+        read = renew_leases_in(pipe, ctx.allocator, ctx.store, self.lease, task)
+
+        def done(replies: Sequence[Any]) -> None:
+            try:
+                lease, ours = read(replies)
+            except LeaseLost as exc:
+                self._lose(str(exc.fields.get("why", exc.message)))
+                return
+            if not ours:
+                self._lose("the tile was taken over")
+                return
+            with self._lock:
+                self.lease, self._renewed_s = lease, time.monotonic()
+            tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
+
+        return done
+
+    def failed(self, exc: FarmError) -> None:
+        log.warning("event=renew_failed job=%s frame=%d tile=%d error=%r", self.task.job_id,
+                    self.task.frame, self.task.index, exc.message)  # fmt: skip
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        self._wake.set()  # the thread cancels the render at once
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.renew()
-            except FarmError as exc:
-                log.warning(
-                    "event=renew_failed job=%s frame=%d tile=%d error=%r",
-                    self.task.job_id,
-                    self.task.frame,
-                    self.task.index,
-                    exc.message,
-                )
+        while not self._stopping:
+            with self._lock:
+                wait_s = self._renewed_s + self._own_every_s - time.monotonic()
+            if self.lost is None and wait_s > 0:
+                self._wake.wait(wait_s)
+                self._wake.clear()
                 continue
+            if self.lost is None:
+                try:
+                    self.renew()
+                except FarmError as exc:
+                    self.failed(exc)
+                    self._wake.wait(self.every_s)
+                    self._wake.clear()
+                    continue
             if self.lost is not None:
                 log.warning("event=lease_lost job=%s frame=%d tile=%d why=%r", self.task.job_id,
                             self.task.frame, self.task.index, self.lost)  # fmt: skip

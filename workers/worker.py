@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from farm import blocklist, jobstore, metrics, queue, sandbox, tags, workerstate
-from farm.alloc.agent import DeviceAgent
+from farm.alloc.agent import DeviceAgent, together
 from farm.alloc.allocator import SlotAllocator
 from farm.alloc.devices import Device
 from farm.errors import DeviceUnavailable, RenderError
@@ -69,6 +69,7 @@ def serve(
     rq_conn = queue.connect(settings.redis_url)
     allocator = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
     agent = _agent(settings, allocator, name, child)
+    carried = tasks.CarriedRenewal(agent.interval_s)
     ctx = tasks.WorkerContext(
         settings=settings,
         name=name,
@@ -88,10 +89,12 @@ def serve(
         report=workerstate.Reporter(workerstate.registry_for(conn, settings), name),
         tags=tags.worker_tags(settings.worker_tags),
         tag_limits=tags.tag_limits(settings.tag_limits),
+        carried=carried,
     )
     tasks.install(ctx)
     beacon = _beacon(settings, ctx, agent)
-    agent.beside = beacon.beat_in  # the worker's beat rides on its agent's: one round trip
+    # the worker's beat and its rendering tile's renewal ride on its agent's: one round trip
+    agent.beside = together(beacon.beat_in, carried.beat_in)
     blocklist.announce(conn, name, ctx.tags, settings.lease_ttl_s * 3)
     # Prometheus /metrics of this worker (tiles, durations, its GPU's NVML gauges)
     exporter = (

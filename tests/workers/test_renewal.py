@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from farm import jobstore, keys, queue
+from farm.alloc.agent import heartbeat
 from farm.alloc.allocator import DeviceOffer, Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
 from farm.models import BlendSource, JobSpec, TileTask
@@ -19,7 +20,7 @@ from farm.settings import Settings
 from farm.storage.local import LocalStorage
 from farm.submission import submit
 from workers.child import BlenderChild
-from workers.tasks import WorkerContext, _Renewal
+from workers.tasks import CarriedRenewal, WorkerContext, _Renewal
 
 OFFER = DeviceOffer("cpu-renewal", "cpu", "test CPU", 4096, 0, 1)
 RENDER = Request("render", vram_mib=10, render_slots=1, device_ids=(OFFER.id,))
@@ -90,3 +91,67 @@ def test_a_lost_lease_or_a_tile_taken_over_is_what_the_worker_learns(
     assert gone.lost == "unknown lease"
     with pytest.raises(Exception, match="lease lost: unknown lease"):
         gone.check()
+
+
+def _carrying(ctx: WorkerContext, interval_s: float) -> CarriedRenewal:
+    ctx.carried = CarriedRenewal(interval_s)
+    return ctx.carried
+
+
+def test_the_workers_heartbeat_carries_its_tiles_renewal_in_its_one_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str]
+) -> None:
+    """A rendering worker renewed its tile in a round trip of its own every third of the lease,
+    beside its agent's heartbeat every third of the agent timeout; the beat now carries it."""
+    carried = _carrying(ctx, interval_s=5.0)
+    task, lease = _rendering(ctx)
+    ctx.conn.hset(keys.tiles(task.job_id), f"{task.key}:d", 0)
+    time.sleep(0.01)  # a later expiry on Redis's clock (ms)
+    with _Renewal(ctx, task, lease) as renewal:
+        assert renewal.carried  # a 30 s lease renewed every 10 s: beats every 5 s carry it
+        me = threading.current_thread().name
+        before = round_trips[me]
+        heartbeat(ctx.allocator, "agent-renewal", "host-renewal", [OFFER], 3600, None,
+                  beside=carried.beat_in)  # fmt: skip
+        assert round_trips[me] - before == 1
+        assert renewal.lost is None and renewal.lease.expires_ms > lease.expires_ms
+        assert _deadline(ctx, task) > 0
+    ctx.conn.hset(keys.tiles(task.job_id), f"{task.key}:d", 0)
+    heartbeat(ctx.allocator, "agent-renewal", "host-renewal", [OFFER], 3600, None,
+              beside=carried.beat_in)  # fmt: skip
+    assert _deadline(ctx, task) == 0  # the tile off the device: nothing carried
+
+
+def test_a_lease_a_beat_finds_lost_cancels_the_render_at_once(
+    ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    carried = _carrying(ctx, interval_s=5.0)
+    task, lease = _rendering(ctx)
+    cancelled = threading.Event()
+
+    def cancel(why: str) -> bool:
+        cancelled.set()
+        return True
+
+    monkeypatch.setattr(ctx.child, "cancel", cancel)
+    with _Renewal(ctx, task, lease) as renewal:
+        ctx.allocator.release(lease)  # preempted
+        heartbeat(ctx.allocator, "agent-renewal", "host-renewal", [OFFER], 3600, None,
+                  beside=carried.beat_in)  # fmt: skip
+        assert renewal.lost == "unknown lease"
+        assert cancelled.wait(2.0)  # not a period later
+
+
+@pytest.mark.parametrize("interval_s", [0.1, 5.0], ids=["beats-stopped", "beats-too-seldom"])
+def test_a_tile_no_beat_renews_renews_on_its_own(ctx: WorkerContext, interval_s: float) -> None:
+    """Beats that stop (a carried tile) or come too seldom for the lease (a tile not carried):
+    the tile's own renewal keeps its lease."""
+    ctx.allocator = SlotAllocator(ctx.conn, ttl_s=0.9)  # renewed every 0.3 s
+    _carrying(ctx, interval_s)
+    task, lease = _rendering(ctx)
+    with _Renewal(ctx, task, lease) as renewal:
+        assert renewal.carried == (interval_s <= 0.3)
+        time.sleep(2.0)  # past two lease lifetimes without a beat
+        assert renewal.lost is None
+        assert ctx.allocator.renew(renewal.lease).id == lease.id
+    ctx.allocator.release(renewal.lease)
