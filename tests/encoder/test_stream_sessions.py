@@ -419,19 +419,24 @@ def test_a_gpu_service_whose_nvml_hangs_keeps_renewing_its_sessions(
         assert isinstance(nvml, FakeNvml)
         held = alloc.acquire("session-1", Request("stream", encoder_sessions=1,
                                                   device_ids=(service.device.id,)))  # fmt: skip
+        nvml.set_usage(0, utilization_pct=37)
         nvml.stall()
         try:
+            # past a tick of the service's own beats (every second here): a beat that read NVML
+            # before it hung has written its reading, and every later beat finds NVML late
+            time.sleep(1.2)
             outcomes: list[Lease | LeaseLost] = []
             beat = threading.Thread(target=lambda: outcomes.extend(service._beat([held])))
             beat.start()
             beat.join(2.0)
             assert not beat.is_alive(), "the beat is held by NVML"
+            # read while NVML still hangs: once it answers, the next tick shows its reading
+            listed = workerstate.registry_for(conn, settings).get(service.name)
         finally:
             nvml.answer()
         (renewed,) = outcomes
         assert isinstance(renewed, Lease) and renewed.expires_ms > held.expires_ms
-        listed = workerstate.registry_for(conn, settings).get(service.name)
-        assert listed is not None and listed.utilization_pct is None
+        assert listed is not None and listed.utilization_pct is None  # not the stale 37
         alloc.release(renewed)
     conn.close()
 
