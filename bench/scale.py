@@ -689,9 +689,12 @@ def idle_cpu_rate(conn: redis.Redis, seconds: float = 2.0) -> float:
 
 def measure_s_for(devices: int, args: argparse.Namespace) -> float:
     """Simulated seconds to measure: ``--measure-s``, shortened for big farms so that the
-    run keeps to about ``--ops-budget`` calls (the load per simulated second is never cut)."""
+    run keeps to about ``--ops-budget`` calls, and lengthened for small ones so that it makes
+    at least ``--min-ops`` (a few hundred calls are a few hundredths of a second of Redis's
+    CPU, which the kernel accounts in ticks); the load per simulated second is never cut."""
     per_s = 1.3 * devices  # calls per simulated second per device, about
-    return float(max(args.min_measure_s, min(args.measure_s, args.ops_budget / per_s)))
+    wanted = max(args.measure_s, args.min_ops / per_s)
+    return float(max(args.min_measure_s, min(wanted, args.ops_budget / per_s)))
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -778,6 +781,12 @@ def main() -> None:
         default=200_000,
         help="calls to measure per N (shortens the window for big N)",
     )
+    ap.add_argument(
+        "--min-ops",
+        type=float,
+        default=5_000,
+        help="calls to measure per N at least (lengthens the window for small N)",
+    )
     ap.add_argument("--tile-s", type=float, default=10.0, help="mean tile render time")
     ap.add_argument("--stream-s", type=float, default=1200.0, help="mean stream session")
     ap.add_argument("--streams-per-device", type=float, default=1.0)
@@ -843,7 +852,9 @@ def main() -> None:
     print(
         f"{os.cpu_count()} CPUs; lease TTL {LEASE_TTL_S:g} s, tiles {args.tile_s:g} s mean, "
         f"streams {args.stream_s:g} s mean ({args.streams_per_device:g}/device), "
-        f"{args.warmup_s:g} s warm-up + up to {args.measure_s:g} s measured (simulated)",
+        f"{args.warmup_s:g} s warm-up + {args.measure_s:g} s measured (simulated; fewer for "
+        f"big farms, at most {args.ops_budget:g} calls; more for small ones, at least "
+        f"{args.min_ops:g} calls)",
         flush=True,
     )
     header = (
