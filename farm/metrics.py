@@ -223,6 +223,22 @@ def observe_round_trip(session_id: str, seconds: float) -> None:
 # --- GPU gauges ---------------------------------------------------------------------------------
 
 
+#: the GPU gauges of a moment (what a late NVML reading leaves unknown), not of the board
+#: (its memory) nor cumulative (its energy counter)
+_GPU_NOW = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_ENCODER_SESSIONS)
+
+
+def forget_gpus(devices: Sequence[Device]) -> None:
+    """Drop ``devices``' gauges of the moment while NVML does not answer: a scrape then finds
+    no value, where the last one would read as current."""
+    for device in devices:
+        if device.index is None:
+            continue
+        for gauge in _GPU_NOW:
+            with contextlib.suppress(KeyError):
+                gauge.remove(device.id, device.device_class, device.host)
+
+
 def observe_gpus(devices: Sequence[Device], gpus: Iterable[GpuInfo]) -> None:
     """Set the NVML gauges of ``gpus`` (matched to ``devices`` by NVML index)."""
     by_index = {d.index: d for d in devices if d.index is not None}

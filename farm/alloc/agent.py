@@ -201,6 +201,8 @@ class DeviceAgent:
         reading = self._reader.read() if self.nvml is not None else ([], {})
         gpus, faults = reading if reading is not None else ([], self._silent())
         self.gpus = {gpu.index: gpu for gpu in gpus}
+        if reading is None:
+            metrics.forget_gpus(self.devices)
         metrics.observe_gpus(self.devices, gpus)
         writes = [b for b in (self.beside, extra) if b is not None]
         leases = heartbeat(self.allocator, self.name, self.devices[0].host,

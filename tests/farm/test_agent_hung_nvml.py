@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from farm import metrics
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Request, SlotAllocator
 from farm.gpu.fake import FakeNvml
@@ -44,6 +45,13 @@ def _readers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "nvml-read"]
 
 
+def _scraped_utilization(agent: DeviceAgent) -> float | None:
+    """What Prometheus would scrape of the agent's GPU's utilisation (None: no sample)."""
+    device = agent.devices[0]
+    return metrics.REGISTRY.get_sample_value("tessera_gpu_utilization_percent", {
+        "device": device.id, "device_class": device.device_class, "host": device.host})  # fmt: skip
+
+
 def _beat(agent: DeviceAgent) -> None:
     """``agent.beat()``, failing (not hanging) where it waits on NVML past its wait."""
     beat = threading.Thread(target=agent.beat, daemon=True)
@@ -62,6 +70,7 @@ def test_a_beat_waits_for_a_hung_nvml_no_longer_than_its_wait(
     # one reading in flight, not one more a beat on a driver that does not answer
     assert len(_readers()) == 1
     assert agent.utilization_pct(agent.devices[0]) is None  # nothing stale reported
+    assert _scraped_utilization(agent) is None
     (device,) = alloc.devices([agent.devices[0].id])
     assert device.alive and device.available  # silent for less than the agent timeout
     lease = alloc.acquire("w1", RENDER)
@@ -88,6 +97,7 @@ def test_gpus_silent_for_the_agent_timeout_are_unavailable_until_nvml_answers(
     (device,) = alloc.devices([agent.devices[0].id])
     assert device.available and device.unavailable_reason == ""
     assert agent.utilization_pct(agent.devices[0]) == 41
+    assert _scraped_utilization(agent) == 41
     granted = alloc.try_acquire("w2", RENDER)
     assert granted is not None
     alloc.release(granted)
