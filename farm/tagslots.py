@@ -5,6 +5,7 @@ so that a worker that dies frees its slot when the lease would have expired."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from farm import keys, redisclock
 from farm.redisclient import Redis, guard
@@ -12,15 +13,20 @@ from farm.redisclient import Redis, guard
 
 def renew(conn: Redis, tags: Iterable[str], task_id: str, lease_s: float) -> None:
     """Extend the slots ``task_id`` (a tile's rq id) holds of ``tags`` by ``lease_s``."""
-    tags = list(tags)
-    if not tags:
-        return
-    # Redis's clock, as the pick that took the slot (and counts slots held) reads it
-    until = redisclock.now(conn) + lease_s
     pipe = conn.pipeline(transaction=False)
+    if renew_in(pipe, conn, tags, task_id, lease_s):
+        guard(pipe.execute)
+
+
+def renew_in(pipe: Any, conn: Redis, tags: Iterable[str], task_id: str, lease_s: float) -> int:
+    """``renew`` queued on ``pipe`` (a tile's lease renewal's round trip); returns how many
+    replies it adds (one a tag: the slots' ZADDs, which extend only a slot held)."""
+    tags = list(tags)
+    # Redis's clock, as the pick that took the slot (and counts slots held) reads it
+    until = redisclock.now(conn) + lease_s if tags else 0.0
     for tag in tags:
         pipe.zadd(keys.tag_slots(tag), {task_id: until}, xx=True)
-    guard(pipe.execute)
+    return len(tags)
 
 
 def release(conn: Redis, tags: Iterable[str], task_id: str) -> None:

@@ -796,19 +796,24 @@ class _Renewal:
 
     def renew(self) -> None:
         """Renew the device's lease and the tile's (``renew_leases``), and the tile's tag slots
-        where its job has limited tags; ``lost`` says why where either lease is gone.
-        FarmError where Redis is away."""
+        of limited tags (FARM_TAG_LIMITS), in one round trip; ``lost`` says why where either
+        lease is gone. FarmError where Redis is away."""
         pipe = self.ctx.conn.pipeline(transaction=False)
         read = self.renew_in(pipe)
         read(guard(pipe.execute, raise_on_error=False))
 
     def renew_in(self, pipe: Any) -> Callable[[Sequence[Any]], None]:
         """``renew`` sent with ``pipe``; the function returned reads its replies, sets
-        ``lost`` where a lease is gone and raises FarmError where Redis refused."""
+        ``lost`` where a lease is gone and raises FarmError where Redis refused. The tile's
+        tag slots go in the same round trip (a lost tile's are freed at its end anyway)."""
         ctx, task = self.ctx, self.task
         read = renew_leases_in(pipe, ctx.allocator, ctx.store, self.lease, task)
+        tagslots.renew_in(pipe, ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
 
         def done(replies: Sequence[Any]) -> None:
+            for refused in (r for r in replies[2:] if isinstance(r, Exception)):
+                log.warning("event=tag_slot_renew_failed job=%s frame=%d tile=%d error=%r",
+                            task.job_id, task.frame, task.index, str(refused))  # fmt: skip
             try:
                 lease, ours = read(replies)
             except LeaseLost as exc:
@@ -819,7 +824,6 @@ class _Renewal:
                 return
             with self._lock:
                 self.lease, self._renewed_s = lease, time.monotonic()
-            tagslots.renew(ctx.conn, ctx.tag_limits, task.rq_id, ctx.store.tile_lease_s)
 
         return done
 

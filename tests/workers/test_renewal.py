@@ -155,3 +155,28 @@ def test_a_tile_no_beat_renews_renews_on_its_own(ctx: WorkerContext, interval_s:
         assert renewal.lost is None
         assert ctx.allocator.renew(renewal.lease).id == lease.id
     ctx.allocator.release(renewal.lease)
+
+
+@pytest.mark.parametrize("how", ["own", "carried"])
+def test_a_tiles_tag_slots_are_renewed_in_its_renewals_round_trip(
+    ctx: WorkerContext, round_trips: Counter[str], how: str
+) -> None:
+    """A tile of a limited tag holds a slot of it, renewed with its lease: that was a round
+    trip of its own after each renewal."""
+    carried = _carrying(ctx, interval_s=5.0)
+    ctx.tag_limits = {"licence": 1, "other": 2}
+    task, lease = _rendering(ctx)
+    ctx.conn.zadd(keys.tag_slots("licence"), {task.rq_id: 1.0})  # the pick's slot, near expiry
+    with _Renewal(ctx, task, lease) as renewal:
+        me = threading.current_thread().name
+        before = round_trips[me]
+        if how == "own":
+            renewal.renew()
+        else:
+            heartbeat(ctx.allocator, "agent-renewal", "host-renewal", [OFFER], 3600, None,
+                      beside=carried.beat_in)  # fmt: skip
+        assert round_trips[me] - before == 1
+        assert renewal.lost is None
+    slot = ctx.conn.zscore(keys.tag_slots("licence"), task.rq_id)
+    assert slot is not None and slot > time.time() + 20  # a lease period (30 s) from now
+    assert ctx.conn.zscore(keys.tag_slots("other"), task.rq_id) is None  # none held: none made
