@@ -271,13 +271,12 @@ class StreamService:
         return self.beacon
 
     def _gauges(self) -> dict[str, Any]:
-        sessions = len(self.sessions)
-        # the beat's own reading (its agent's), not a query of its own that could hang the beat
-        util = self.agent.utilization_pct(self.device) if self.agent is not None else None
+        sessions, agent = len(self.sessions), self.agent
+        assert agent is not None, "the service is not started"
         return {
             "activity": "streaming" if sessions else "idle",
             "task": f"{sessions} session{'s' if sessions != 1 else ''}" if sessions else "",
-            "utilization_pct": util,
+            **agent.gauges(),
         }
 
     def _unregister(self) -> None:

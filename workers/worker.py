@@ -165,15 +165,8 @@ def _beacon(settings: Settings, ctx: tasks.WorkerContext, agent: DeviceAgent) ->
     identity = {"kind": "render", "host": device.host, "pid": os.getpid(),
                 "queue": settings.device, "device_id": device.id,
                 "device_class": device.device_class, "model": device.model}  # fmt: skip
-
-    def gauges() -> dict[str, object]:
-        # the beat's own reading: a second NVML query here would be one more a beat, and one
-        # that could hang the beat the agent's reader keeps from hanging
-        util = agent.utilization_pct(device)
-        return {} if util is None else {"utilization_pct": util}
-
     assert ctx.report.registry is not None
-    return workerstate.Beacon(ctx.report.registry, ctx.name, identity, gauges)
+    return workerstate.Beacon(ctx.report.registry, ctx.name, identity, agent.gauges)
 
 
 def _agent(

@@ -210,10 +210,13 @@ class DeviceAgent:
                            together(*writes) if writes else None)  # fmt: skip
         self.drifts = self._reconcile(gpus, leases) if gpus else []
 
-    def utilization_pct(self, device: Device) -> int | None:
-        """``device``'s utilisation in this beat's reading (None: a CPU, or NVML late)."""
+    def gauges(self) -> dict[str, Any]:
+        """The workers page's gauges of this agent's process (a render worker's, a stream
+        service's): its device's utilisation in this beat's reading, never a query of its
+        own. None without one (a CPU, NVML late) clears the figure shown, not leaves the last."""
+        device = self.devices[0]
         gpu = self.gpus.get(device.index) if device.index is not None else None
-        return None if gpu is None else gpu.utilization_pct
+        return {"utilization_pct": None if gpu is None else gpu.utilization_pct}
 
     def _silent(self) -> dict[str, str]:
         """The faults to offer while NVML's reading is late: none until it has been late for

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from farm import metrics
+from farm import metrics, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Request, SlotAllocator
 from farm.gpu.fake import FakeNvml
@@ -30,10 +30,14 @@ def stalled(redis_url: str) -> Iterator[tuple[FakeNvml, DeviceAgent]]:
     nvml = FakeNvml(["t4"])
     nvml.set_usage(0, utilization_pct=41)
     alloc = SlotAllocator(redis.Redis.from_url(redis_url, decode_responses=True), ttl_s=30)
-    agent = DeviceAgent(Settings(nvml="fake:t4", agent_timeout_s=TIMEOUT_S), alloc, "agent-hung",
-                        nvml=nvml, nvml_wait_s=WAIT_S)  # fmt: skip
+    settings = Settings(nvml="fake:t4", agent_timeout_s=TIMEOUT_S)
+    agent = DeviceAgent(settings, alloc, "agent-hung", nvml=nvml, nvml_wait_s=WAIT_S)
+    # its process's entry on the workers page, with the agent's gauges, as a worker wires it
+    registry = workerstate.registry_for(alloc.conn, settings)
+    beacon = workerstate.Beacon(registry, agent.name, {"kind": "render"}, agent.gauges)
+    agent.beside = beacon.beat_in
     agent.beat()
-    assert agent.utilization_pct(agent.devices[0]) == 41
+    assert _shown_utilization(agent) == 41
     nvml.stall()
     yield nvml, agent
     nvml.answer()  # the reading left waiting returns
@@ -43,6 +47,13 @@ def stalled(redis_url: str) -> Iterator[tuple[FakeNvml, DeviceAgent]]:
 
 def _readers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "nvml-read"]
+
+
+def _shown_utilization(agent: DeviceAgent) -> int | None:
+    """The utilisation the workers page shows for the agent's process."""
+    listed = workerstate.registry_for(agent.allocator.conn, agent.settings).get(agent.name)
+    assert listed is not None
+    return listed.utilization_pct
 
 
 def _scraped_utilization(agent: DeviceAgent) -> float | None:
@@ -69,7 +80,8 @@ def test_a_beat_waits_for_a_hung_nvml_no_longer_than_its_wait(
         _beat(agent)
     # one reading in flight, not one more a beat on a driver that does not answer
     assert len(_readers()) == 1
-    assert agent.utilization_pct(agent.devices[0]) is None  # nothing stale reported
+    # nothing stale reported: not on the workers page, not to Prometheus
+    assert _shown_utilization(agent) is None
     assert _scraped_utilization(agent) is None
     (device,) = alloc.devices([agent.devices[0].id])
     assert device.alive and device.available  # silent for less than the agent timeout
@@ -96,7 +108,7 @@ def test_gpus_silent_for_the_agent_timeout_are_unavailable_until_nvml_answers(
     agent.beat()
     (device,) = alloc.devices([agent.devices[0].id])
     assert device.available and device.unavailable_reason == ""
-    assert agent.utilization_pct(agent.devices[0]) == 41
+    assert _shown_utilization(agent) == 41
     assert _scraped_utilization(agent) == 41
     granted = alloc.try_acquire("w2", RENDER)
     assert granted is not None
