@@ -106,7 +106,6 @@ from workers.tasks import (  # noqa: E402
     begin_writes,
     end_writes,
     rendering_shown,
-    renew_leases,
     renew_leases_in,
 )
 
@@ -465,26 +464,35 @@ class Farm:
         if held is None:
             return lambda _replies: None
         task, lease = held
-        read = renew_leases_in(pipe, self.alloc, self.store, lease, task)
+        read = self._renewal_in(pipe, lease, task)
 
         def done(replies: Sequence[Any]) -> None:
-            renewed, ours = read(replies)
-            if not ours:
-                raise SystemExit(f"a tile was taken over in a farm where nothing dies: {task}")
-            self.rendering[device_id] = (task, renewed)
+            self.rendering[device_id] = (task, read(replies))
 
         return done
+
+    def _renewal_in(self, pipe: Any, lease: Lease, task: TileTask) -> Callable[[Any], Lease]:
+        """A render worker's renewal on ``pipe``: the device's lease and the tile's
+        (``workers.tasks.renew_leases_in``); the function returned gives the renewed lease."""
+        read = renew_leases_in(pipe, self.alloc, self.store, lease, task)
+
+        def renewed(replies: Sequence[Any]) -> Lease:
+            lease, ours = read(replies)
+            if not ours:
+                raise SystemExit(f"a tile was taken over in a farm where nothing dies: {task}")
+            return lease
+
+        return renewed
 
     def _finish_carried(self, device: DeviceOffer, job: Job) -> None:
         task, lease = self.rendering.pop(device.id)
         self._finish_tile(device, job, task, lease)
 
     def _renew_both(self, lease: Lease, task: TileTask) -> Lease:
-        """A render worker's renewal: the device's lease and the tile's in one round trip."""
-        renewed, ours = renew_leases(self.conn, self.alloc, self.store, lease, task)
-        if not ours:
-            raise SystemExit(f"a tile was taken over in a farm where nothing dies: {task}")
-        return renewed
+        """A render worker's renewal in a round trip of its own (``--tile-renewals apart``)."""
+        pipe = self.conn.pipeline(transaction=False)
+        read = self._renewal_in(pipe, lease, task)
+        return read(pipe.execute(raise_on_error=False))
 
     def _renew_tile(
         self, device: DeviceOffer, job: Job, task: TileTask, lease: Lease, end_ms: int

@@ -11,19 +11,15 @@ from farm import keys, redisclock
 from farm.redisclient import Redis, guard
 
 
-def renew(conn: Redis, tags: Iterable[str], task_id: str, lease_s: float) -> None:
-    """Extend the slots ``task_id`` (a tile's rq id) holds of ``tags`` by ``lease_s``."""
-    pipe = conn.pipeline(transaction=False)
-    if renew_in(pipe, conn, tags, task_id, lease_s):
-        guard(pipe.execute)
-
-
 def renew_in(pipe: Any, conn: Redis, tags: Iterable[str], task_id: str, lease_s: float) -> int:
-    """``renew`` queued on ``pipe`` (a tile's lease renewal's round trip); returns how many
-    replies it adds (one a tag: the slots' ZADDs, which extend only a slot held)."""
+    """Extend the slots ``task_id`` (a tile's rq id) holds of ``tags`` by ``lease_s``, queued
+    on ``pipe`` (its lease renewal's round trip); returns how many replies it adds (one a tag:
+    the slots' ZADDs, which extend only a slot held)."""
     tags = list(tags)
+    if not tags:
+        return 0
     # Redis's clock, as the pick that took the slot (and counts slots held) reads it
-    until = redisclock.now(conn) + lease_s if tags else 0.0
+    until = redisclock.now(conn) + lease_s
     for tag in tags:
         pipe.zadd(keys.tag_slots(tag), {task_id: until}, xx=True)
     return len(tags)

@@ -573,23 +573,15 @@ def _write_done_log(
     return True
 
 
-def renew_leases(
-    conn: Redis, allocator: SlotAllocator, store: JobStore, lease: Lease, task: TileTask
-) -> tuple[Lease, bool]:
-    """A rendering tile's device lease and its own lease renewed in one round trip: the renewed
-    device lease (LeaseLost where it is gone) and whether the tile is still this attempt's. A
-    tile whose device lease is lost is still touched by that round trip: its worker fails it at
-    once, and were the worker to die first the sweep would find it one lease period later."""
-    pipe = conn.pipeline(transaction=False)
-    read = renew_leases_in(pipe, allocator, store, lease, task)
-    return read(guard(pipe.execute, raise_on_error=False))
-
-
 def renew_leases_in(
     pipe: Any, allocator: SlotAllocator, store: JobStore, lease: Lease, task: TileTask
 ) -> Callable[[Sequence[Any]], tuple[Lease, bool]]:
-    """``renew_leases`` sent with ``pipe`` (a heartbeat's, ``CarriedRenewal``); the function
-    returned reads its two replies and answers as ``renew_leases`` does."""
+    """A rendering tile's device lease and its own lease renewed on ``pipe`` (one round trip:
+    the tile's own, or its worker's heartbeat's, ``CarriedRenewal``). The function returned
+    reads the two replies: the renewed device lease (LeaseLost where it is gone) and whether
+    the tile is still this attempt's. A tile whose device lease is lost is still touched by
+    that round trip: its worker fails it at once, and were the worker to die first the sweep
+    would find it one lease period later."""
     renewed = allocator.renew_in(pipe, lease)
     touched = store.touch_tile_in(pipe, task)
     return lambda replies: (renewed(replies[0]), touched(replies[1]))
@@ -795,7 +787,7 @@ class _Renewal:
             raise LeaseLost(f"lease lost: {self.lost}")
 
     def renew(self) -> None:
-        """Renew the device's lease and the tile's (``renew_leases``), and the tile's tag slots
+        """Renew the device's lease and the tile's (``renew_leases_in``), and the tile's tag slots
         of limited tags (FARM_TAG_LIMITS), in one round trip; ``lost`` says why where either
         lease is gone. FarmError where Redis is away."""
         pipe = self.ctx.conn.pipeline(transaction=False)

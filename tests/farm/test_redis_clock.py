@@ -119,7 +119,9 @@ def test_a_tag_slot_renewed_by_a_host_behind_still_counts(
     # the pick takes a slot until Redis's time plus the lease (farm.queue's Lua)
     conn.zadd(keys.tag_slots("licence"), {"tile-1": _server_time(conn) + LEASE_S})
     with host_behind(monkeypatch):
-        tagslots.renew(behind, ["licence"], "tile-1", LEASE_S)
+        pipe = behind.pipeline(transaction=False)  # a tile's renewal's round trip
+        assert tagslots.renew_in(pipe, behind, ["licence"], "tile-1", LEASE_S) == 1
+        pipe.execute()
     assert tagslots.running(conn, "licence") == 1
 
 
