@@ -75,11 +75,8 @@ class NvmlReader:
     beat waits for that same reading (one in flight at most), never starting another on a driver
     that is not answering."""
 
-    def __init__(
-        self, read: Callable[[], Reading], wait_s: float,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
-        self._read, self.wait_s, self._clock = read, wait_s, clock
+    def __init__(self, read: Callable[[], Reading], wait_s: float) -> None:
+        self._read, self.wait_s = read, wait_s
         self._pending: Future[Reading] | None = None
         self._started_s = 0.0
 
@@ -88,7 +85,7 @@ class NvmlReader:
         read raised (``NvmlError``: NVML failing as a whole)."""
         if self._pending is None:
             self._pending = Future()
-            self._started_s = self._clock()
+            self._started_s = time.monotonic()
             threading.Thread(target=self._run, args=(self._pending,), name="nvml-read",
                              daemon=True).start()  # fmt: skip
         pending = self._pending
@@ -103,7 +100,7 @@ class NvmlReader:
     @property
     def late_s(self) -> float:
         """How long the reading in flight has been waited for (0: none is)."""
-        return 0.0 if self._pending is None else self._clock() - self._started_s
+        return 0.0 if self._pending is None else time.monotonic() - self._started_s
 
     def _run(self, pending: Future[Reading]) -> None:
         try:
