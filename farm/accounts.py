@@ -53,9 +53,15 @@ class User:
     name: str
     admin: bool
     roles: dict[str, str] = field(default_factory=dict)
+    #: the cell each of their projects is pinned to, in a farm of cells (farm.cells)
+    cells: dict[str, str] = field(default_factory=dict)
 
     def role(self, project: str) -> str | None:
         return self.roles.get(project)
+
+    def projects_in(self, cell: str) -> list[str]:
+        """Their projects that live in ``cell`` (all of them in a farm of one cell), sorted."""
+        return sorted(p for p in self.roles if not cell or self.cells.get(p, cell) == cell)
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,15 @@ class IssuedToken:
 
 
 class Accounts:
-    """The account records in Redis; every method is one or a few blocking Redis calls."""
+    """The account records in Redis; every method is one or a few blocking Redis calls.
 
-    def __init__(self, conn: Redis) -> None:
+    In a farm of cells ``conn`` is the control Redis every cell shares (FARM_CONTROL_REDIS_URL)
+    and ``cell`` the cell of the caller (FARM_CELL): a project it makes is pinned to that cell,
+    and one made before the farm had cells to the first cell that loads one of its members."""
+
+    def __init__(self, conn: Redis, cell: str = "") -> None:
         self.conn = conn
+        self.cell = cell
 
     # --- users and projects -------------------------------------------------------------------
 
@@ -79,6 +90,8 @@ class Accounts:
         pipe.sadd(keys.PROJECTS, project)
         pipe.hsetnx(keys.project(project), "name", name or project)
         pipe.hsetnx(keys.project(project), "created", time.time())
+        if self.cell:
+            pipe.hsetnx(keys.project(project), "cell", self.cell)
         guard(pipe.execute)
 
     def ensure_user(self, user: str, *, admin: bool = False) -> None:
@@ -108,7 +121,27 @@ class Accounts:
         admin, roles = guard(pipe.execute)
         if admin is None:
             return None
-        return User(name, admin == "1", dict(roles))
+        return User(name, admin == "1", dict(roles), self._cells(list(roles)) if self.cell else {})
+
+    def _cells(self, projects: list[str]) -> dict[str, str]:
+        """The cell of each project, pinning those that have none yet to this one."""
+        pipe = self.conn.pipeline(transaction=False)
+        for p in projects:
+            pipe.hget(keys.project(p), "cell")
+        cells = dict(zip(projects, guard(pipe.execute) if projects else [], strict=True))
+        unpinned = [p for p, c in cells.items() if not c]
+        if unpinned:
+            pipe = self.conn.pipeline(transaction=False)
+            for p in unpinned:
+                pipe.hsetnx(keys.project(p), "cell", self.cell)
+                pipe.hget(keys.project(p), "cell")
+            cells.update(zip(unpinned, guard(pipe.execute)[1::2], strict=True))
+        return cells
+
+    def project_cell(self, project: str) -> str | None:
+        """The cell ``project`` is pinned to; None for one not pinned yet (or no such project)."""
+        cell: str | None = guard(self.conn.hget, keys.project(project), "cell")
+        return cell
 
     def project_names(self, projects: list[str]) -> dict[str, str]:
         pipe = self.conn.pipeline()

@@ -176,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="overrides FARM_WEB_PORT (0: a free port)")
 
     p = sub.add_parser(
+        "frontdoor",
+        help="one address for a farm split in cells: each request to its cell's web "
+        "(FARM_CELLS, FARM_CONTROL_REDIS_URL; FARM_WEB_HOST:FARM_WEB_PORT)",
+    )
+    p.add_argument("--host", help="overrides FARM_WEB_HOST")
+    p.add_argument("--port", type=int, help="overrides FARM_WEB_PORT (0: a free port)")
+
+    p = sub.add_parser(
         "up", help="the whole local stack: Redis, web on 127.0.0.1:8080, workers, streams"
     )
     p.add_argument(
@@ -277,7 +285,9 @@ def cmd_submit(settings: Settings, args: argparse.Namespace) -> dict[str, Any] |
     submission.check_request(req)
     check_blend(args.blend)
     _require_worker(settings, req.device)
-    store = jobstore.JobStore(jobstore.connect(settings.redis_url), settings.lease_ttl_s)
+    store = jobstore.JobStore(
+        jobstore.connect(settings.redis_url), settings.lease_ttl_s, cell=settings.cell
+    )
     render_queue = queue.RenderQueue(queue.connect(settings.redis_url), req.device)
     allocator = SlotAllocator(store.conn, ttl_s=settings.lease_ttl_s)
     sha256 = sha256_file(args.blend)
@@ -587,6 +597,17 @@ def cmd_web(settings: Settings, args: argparse.Namespace) -> None:
     serve(settings.with_(**changes))
 
 
+def cmd_frontdoor(settings: Settings, args: argparse.Namespace) -> None:
+    from web.serve import serve_frontdoor
+
+    changes: dict[str, Any] = {}
+    if args.host is not None:
+        changes["web_host"] = args.host
+    if args.port is not None:
+        changes["web_port"] = args.port
+    serve_frontdoor(settings.with_(**changes))
+
+
 def cmd_up(settings: Settings, args: argparse.Namespace) -> None:
     from farm.stack import up
 
@@ -597,9 +618,9 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | 
     from farm import jobstore
     from farm.accounts import Accounts, check_role
 
-    conn = jobstore.connect(settings.redis_url)
+    conn = jobstore.connect(settings.accounts_redis_url)
     try:
-        accounts = Accounts(conn)
+        accounts = Accounts(conn, cell=settings.cell)
         if args.token_command == "revoke":
             accounts.revoke_token(args.token_id)
             print(f"token {args.token_id} revoked", file=sys.stderr)
@@ -679,6 +700,7 @@ COMMANDS = {
     "stream-token": cmd_stream_token,
     "policy": cmd_policy,
     "web": cmd_web,
+    "frontdoor": cmd_frontdoor,
     "up": cmd_up,
     "token": cmd_token,
     **controlcli.COMMANDS,

@@ -107,6 +107,13 @@ class Forbidden(FarmError):
     code = "forbidden"
 
 
+class WrongCell(FarmError):
+    """The project lives in another cell of the farm: ask the farm's front door, which sends the
+    request there (farm.cells)."""
+
+    code = "wrong_cell"
+
+
 class Conflict(FarmError):
     """The request does not fit the object's current state (an upload offset, a job state)."""
 

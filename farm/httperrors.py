@@ -30,6 +30,7 @@ from farm.errors import (
     StreamError,
     TooLarge,
     Unauthorized,
+    WrongCell,
 )
 
 #: seconds a client told 503 (no capacity now) or 429 (a project at one of its limits) waits
@@ -42,6 +43,7 @@ STATUS: tuple[tuple[type[FarmError], int], ...] = (
     (Unauthorized, 401),
     (Forbidden, 403),
     (NotFound, 404),
+    (WrongCell, 421),
     (Conflict, 409),
     (TooLarge, 413),
     (NeverFits, 422),

@@ -55,8 +55,11 @@ class JobStore:
         clock: Callable[[], float] | None = None,
         job_retention_s: float = Settings.job_retention_s,
         usage_raw_retention_s: float = Settings.usage_raw_retention_s,
+        cell: str = "",
     ) -> None:
         self.conn = conn
+        #: the cell this store's farm is in a farm of cells (FARM_CELL): its job ids carry it
+        self.cell = cell
         #: epoch seconds on Redis's clock, which every host shares (farm.redisclock): a
         #: deadline one host writes, another judges. The scale simulator drives its own.
         self.clock = clock or redisclock.clock_for(conn)
@@ -84,7 +87,8 @@ class JobStore:
     # --- creating -------------------------------------------------------------------------
 
     def new_job_id(self) -> str:
-        return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        job_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        return f"{self.cell}-{job_id}" if self.cell else job_id
 
     def stage_job(
         self, pipe: Any, job_id: str, spec: JobSpec, warnings: list[str], scripts_blocked: bool

@@ -289,6 +289,11 @@ def upload_bytes_lock(sha256: str) -> str:
     return f"{PREFIX}:stored-upload:{sha256}:lock"
 
 
+#: set of the projects that have recorded an upload in this Redis (a cell's projects, in a farm
+#: of cells): whose records an upload's deletion checks before removing the shared bytes
+UPLOAD_PROJECTS = f"{PREFIX}:upload-projects"
+
+
 def upload(project_id: str, sha256: str) -> str:
     """String: JSON record of an upload as the project sees it (name, kind, files, created)."""
     return f"{PREFIX}:project:{project_id}:upload:{sha256}"

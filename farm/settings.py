@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from farm import redisurl
+from farm.cells import check_cell, parse_cells
 from farm.errors import BadParameter
 
 DEVICE_KINDS = ("cpu", "gpu")
@@ -24,6 +25,19 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     """FARM_REDIS_URL: the Redis holding queues, job state and events (redis:// or unix://, or
     redis+sentinel://[:password@]host:port,host:port/service[/db] behind Sentinels)."""
+
+    control_redis_url: str = ""
+    """FARM_CONTROL_REDIS_URL: the Redis holding accounts (users, projects, tokens, login
+    sessions), shared by every cell of a farm split in cells; empty = FARM_REDIS_URL."""
+
+    cell: str = ""
+    """FARM_CELL: this farm's name as one cell of a larger farm (a lowercase letter, then up to
+    7 lowercase letters or digits): its job ids begin ``<cell>-``, and it serves only the
+    projects pinned to it. Empty = a farm of one cell."""
+
+    cells: str = ""
+    """FARM_CELLS: for `farm frontdoor`, every cell's web, first the default one:
+    ``c1=http://10.0.1.5:8080,c2=http://10.0.2.5:8080``."""
 
     storage_dir: Path = Path("/var/lib/tessera/storage")
     """FARM_STORAGE_DIR: the shared folder for uploads, tiles and frames (local storage)."""
@@ -543,6 +557,12 @@ class Settings:
         if self.device not in DEVICE_KINDS:
             raise BadParameter(f"device {self.device!r} is not one of {', '.join(DEVICE_KINDS)}")
         redisurl.check(self.redis_url)
+        if self.control_redis_url:
+            redisurl.check(self.control_redis_url)
+        if self.cell:
+            check_cell(self.cell)
+        if self.cells:
+            parse_cells(self.cells)
         for attr, allowed in STORAGE_CHOICES.items():
             if getattr(self, attr) not in allowed:
                 raise BadParameter(
@@ -582,6 +602,11 @@ class Settings:
         device = self.device if self.gpu_index is None else f"gpu{self.gpu_index}"
         return f"{socket.gethostname()}-{device}-{os.getpid()}-{secrets.token_hex(3)}"
 
+    @property
+    def accounts_redis_url(self) -> str:
+        """The Redis holding accounts: the control Redis in a farm of cells, else the farm's."""
+        return self.control_redis_url or self.redis_url
+
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes).validated()
 
@@ -589,6 +614,9 @@ class Settings:
 #: every setting's variable, type and least value: the one table from_env and to_env read
 ENV: dict[str, tuple[str, type, float]] = {
     "redis_url": ("FARM_REDIS_URL", str, 0),
+    "control_redis_url": ("FARM_CONTROL_REDIS_URL", str, 0),
+    "cell": ("FARM_CELL", str, 0),
+    "cells": ("FARM_CELLS", str, 0),
     "storage_dir": ("FARM_STORAGE_DIR", Path, 0),
     "storage_url": ("FARM_STORAGE_URL", str, 0),
     "s3_endpoint_url": ("FARM_S3_ENDPOINT_URL", str, 0),

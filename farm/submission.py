@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm import dependencies, keys
+from farm import cells, dependencies, keys
 from farm.accounts import check_name
 from farm.delivery import output_address
 from farm.errors import (
@@ -165,7 +165,7 @@ def check_request(req: RenderRequest) -> None:
 
 
 #: a job id as farm.jobstore makes them (checked before any lookup)
-JOB_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")
+JOB_ID_RE = cells.JOB_ID_RE
 
 
 def parse_depends_on(text: str) -> tuple[str, ...]:

@@ -137,7 +137,9 @@ def delete(conn: Redis, storage: Storage, project: str, upload_id: str) -> Delet
 def _still_held(conn: Redis, sha256: str) -> str:
     """Why the bytes of ``sha256`` must stay ("" when nothing holds them): another project's
     record, or an unfinished job of any project (``farm submit`` jobs have no record)."""
-    projects = sorted(guard(conn.smembers, keys.PROJECTS))
+    # the projects with uploads in this Redis; the projects' own set is read too for records
+    # made before that index (it is in the control Redis, not here, in a farm of cells)
+    projects = sorted(guard(conn.sunion, keys.UPLOAD_PROJECTS, keys.PROJECTS))
     pipe = conn.pipeline(transaction=False)
     for p in projects:
         pipe.exists(keys.upload(p, sha256))

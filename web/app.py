@@ -50,8 +50,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     rq_conn = queue.connect(settings.redis_url)
     app[CONN] = conn
     app[RQ_CONN] = rq_conn
-    app[STORE] = jobstore.JobStore(conn)
-    app[ACCOUNTS] = Accounts(conn)
+    app[STORE] = jobstore.JobStore(conn, cell=settings.cell)
+    # in a farm of cells, accounts live in the control Redis every cell shares
+    control = jobstore.connect(settings.accounts_redis_url) if settings.control_redis_url else conn
+    app[ACCOUNTS] = Accounts(control, cell=settings.cell)
     app[ALLOCATOR] = SlotAllocator(conn, ttl_s=settings.lease_ttl_s)
     app[STORAGE] = farm_storage(settings)
     app[EXECUTOR] = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="web")
@@ -73,6 +75,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
         app[STORAGE].close()
         rq_conn.close()
+        if control is not conn:
+            control.close()
         conn.close()
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from farm.accounts import ROLE_RANK, User, check_name, check_role, digest
-from farm.errors import BadParameter, Forbidden, NotFound, Unauthorized
+from farm.errors import BadParameter, Forbidden, NotFound, Unauthorized, WrongCell
 from web import jsonio
 from web.appkeys import ACCOUNTS, ALLOCATOR, ROUTES, SETTINGS, USER, blocking, user_of
 
@@ -137,6 +137,14 @@ def role_in(request: web.Request, project: str, at_least: str = "viewer") -> str
     role = user.role(project)
     if role is None:
         raise NotFound(f"no project {project!r} among yours", project=project)
+    cell = request.app[SETTINGS].cell
+    if cell and user.cells.get(project, cell) != cell:
+        raise WrongCell(
+            f"project {project!r} lives in cell {user.cells[project]}, not in this one ({cell}): "
+            "ask the farm's front door",
+            project=project,
+            cell=user.cells[project],
+        )
     if ROLE_RANK[role] < ROLE_RANK[at_least]:
         raise Forbidden(
             f"your role in project {project!r} is {role}; this needs {at_least} or higher",
@@ -194,13 +202,17 @@ async def logout(request: web.Request) -> web.Response:
 
 async def _me(request: web.Request, user: User) -> dict[str, Any]:
     accounts = request.app[ACCOUNTS]
-    projects = sorted(user.roles)
+    # a cell lists the projects it serves (their device policy is its own); the front door
+    # puts every cell's together
+    cell = request.app[SETTINGS].cell
+    projects = user.projects_in(cell)
     names = await blocking(request.app, accounts.project_names, projects)
     out = []
     for p in projects:
         policy = await blocking(request.app, request.app[ALLOCATOR].policy, p)
         role = user.roles[p]
-        out.append({"id": p, "name": names[p], "role": role, "devices": list(policy[role])})
+        entry = {"id": p, "name": names[p], "role": role, "devices": list(policy[role])}
+        out.append({**entry, "cell": cell} if cell else entry)
     return {"user": user.name, "admin": user.admin, "projects": out}
 
 

@@ -173,8 +173,9 @@ def record(conn: Redis, project: str, stored: Stored, name: str, user: str) -> d
     pipe = conn.pipeline()
     pipe.set(keys.upload(project, stored.sha256), json.dumps(rec), nx=True)
     pipe.zadd(keys.project_uploads(project), {stored.sha256: now}, nx=True)
+    pipe.sadd(keys.UPLOAD_PROJECTS, project)
     pipe.get(keys.upload(project, stored.sha256))
-    created, _added, text = guard(pipe.execute)
+    created, _added, _indexed, text = guard(pipe.execute)
     if created:
         # the project's stored bytes count each of its uploads once (the limit reads them)
         guard(conn.incrby, keys.project_stored_bytes(project), stored.size)

@@ -147,7 +147,7 @@ async def project_events(request: web.Request) -> web.StreamResponse:
     events from now on: job state moves, frames done, users' actions. A client reads the
     jobs list when it connects, then again as events say what changed."""
     project = request.query.get("project")
-    projects = [project] if project else sorted(user_of(request).roles)
+    projects = [project] if project else user_of(request).projects_in(request.app[SETTINGS].cell)
     for p in projects:
         role_in(request, p)
     conn = request.app[CONN]

@@ -158,26 +158,41 @@ def _sort_key(sort: str) -> Any:
     return lambda j: j["created_s"]
 
 
+def _listing(query: Any) -> tuple[str, str, int]:
+    """The list's sort, order and length asked for in ``query`` (400 for what is not one)."""
+    sort = query.get("sort", "submitted")
+    if sort not in SORTS:
+        raise BadParameter(f"sort {sort!r} is not one of {', '.join(SORTS)}")
+    order = query.get("order", "desc" if sort in ("submitted", "progress") else "asc")
+    if order not in ("asc", "desc"):
+        raise BadParameter(f"order {order!r} is not asc or desc")
+    try:
+        limit = min(500, max(1, int(query.get("limit", "100"))))
+    except ValueError:
+        raise BadParameter("limit must be a whole number") from None
+    return sort, order, limit
+
+
+def merged_jobs(jobs: list[dict[str, Any]], query: Any) -> list[dict[str, Any]]:
+    """Lists of several cells as one cell's list would be: the latest ``limit`` jobs, in the
+    order asked for (web/frontdoor.py)."""
+    sort, order, limit = _listing(query)
+    latest = sorted(jobs, key=lambda j: -j["created_s"])[:limit]
+    latest.sort(key=_sort_key(sort), reverse=order == "desc")
+    return latest
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     user = user_of(request)
     project = request.query.get("project")
     state = request.query.get("state")
     if state is not None and state not in {s.value for s in JobState}:
         raise BadParameter(f"state {state!r} is not one of {', '.join(s.value for s in JobState)}")
-    sort = request.query.get("sort", "submitted")
-    if sort not in SORTS:
-        raise BadParameter(f"sort {sort!r} is not one of {', '.join(SORTS)}")
-    order = request.query.get("order", "desc" if sort in ("submitted", "progress") else "asc")
-    if order not in ("asc", "desc"):
-        raise BadParameter(f"order {order!r} is not asc or desc")
+    sort, order, limit = _listing(request.query)
     archived = request.query.get("archived", "0")
     if archived not in ARCHIVED:
         raise BadParameter(f"archived {archived!r} is not one of {', '.join(ARCHIVED)}")
-    try:
-        limit = min(500, max(1, int(request.query.get("limit", "100"))))
-    except ValueError:
-        raise BadParameter("limit must be a whole number") from None
-    projects = [project] if project else sorted(user.roles)
+    projects = [project] if project else user.projects_in(request.app[SETTINGS].cell)
     for p in projects:
         role_in(request, p)
     app = request.app

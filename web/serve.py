@@ -33,15 +33,18 @@ async def run(
     settings: Settings,
     out: TextIO = sys.stderr,
     until: Callable[[str], Awaitable[None]] | None = None,
+    app: Callable[[Settings], web.Application] = create_app,
+    name: str = "farm web",
 ) -> None:
-    """Serve until SIGINT/SIGTERM, or until ``until(url)`` returns; says where, on ``out``."""
+    """Serve ``app`` (the web, or the front door of cells) until SIGINT/SIGTERM, or until
+    ``until(url)`` returns; says where, on ``out``."""
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise BadParameter("give both FARM_TLS_CERT and FARM_TLS_KEY, or neither")
     ssl_context = None
     if settings.tls_cert is not None and settings.tls_key is not None:
         ssl_context = server_context(settings.tls_cert, settings.tls_key)
     host = bind_host(settings.web_host, ssl_context is not None)
-    runner = web.AppRunner(create_app(settings), access_log=logging.getLogger("tessera.access"))
+    runner = web.AppRunner(app(settings), access_log=logging.getLogger("tessera.access"))
     await runner.setup()
     scrape: web.AppRunner | None = None
     # handlers go in before the URL is printed: whoever reads the URL may signal at once
@@ -82,12 +85,12 @@ async def run(
                 else "WITHOUT TLS: tokens and cookies cross the network in the clear"
             )
             print(
-                f"farm web: serving {url} ({where}); give FARM_TLS_CERT and FARM_TLS_KEY to "
+                f"{name}: serving {url} ({where}); give FARM_TLS_CERT and FARM_TLS_KEY to "
                 "serve HTTPS (TLS 1.3) on every interface",
                 file=out,
             )
         else:
-            print(f"farm web: serving {url} (TLS 1.3 or newer)", file=out)
+            print(f"{name}: serving {url} (TLS 1.3 or newer)", file=out)
         print(json.dumps({"url": url}), file=sys.stdout, flush=True)
         if until is not None:
             await until(url)
@@ -114,3 +117,9 @@ def _stop_on_signals() -> asyncio.Event:
 
 def serve(settings: Settings, out: TextIO = sys.stderr) -> None:
     asyncio.run(run(settings, out))
+
+
+def serve_frontdoor(settings: Settings, out: TextIO = sys.stderr) -> None:
+    from web.frontdoor import create_frontdoor
+
+    asyncio.run(run(settings, out, app=create_frontdoor, name="farm frontdoor"))

@@ -160,7 +160,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     if project:
         role_in(request, project)
     found: list[dict[str, Any]] = []
-    projects = [project] if project else sorted(user.roles)
+    projects = [project] if project else user.projects_in(request.app[SETTINGS].cell)
     for service in await blocking(request.app, _services, request.app[CONN]):
         # one call per project: a token lists its own project's sessions only
         for listed in projects:

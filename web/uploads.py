@@ -187,7 +187,9 @@ async def create_session(request: web.Request) -> web.Response:
     if size > settings.upload_max_bytes:
         raise too_large(settings.upload_max_bytes)
     await _check_room(request, body["project"], size)
-    session_id = secrets.token_hex(16)
+    cell = request.app[SETTINGS].cell
+    # in a farm of cells the id names its cell, so the front door finds the session
+    session_id = f"{cell}-{secrets.token_hex(16)}" if cell else secrets.token_hex(16)
     # an open resumable upload holds one of the project's upload slots until it completes,
     # is aborted or expires
     limits = limits_of(request)
@@ -360,7 +362,7 @@ async def abort_session(request: web.Request) -> web.Response:
 async def list_uploads(request: web.Request) -> web.Response:
     user = user_of(request)
     project = request.query.get("project")
-    projects = [project] if project else sorted(user.roles)
+    projects = [project] if project else user.projects_in(request.app[SETTINGS].cell)
     out: list[dict[str, Any]] = []
     for p in projects:
         role_in(request, p)
@@ -371,7 +373,10 @@ async def list_uploads(request: web.Request) -> web.Response:
 async def find_upload(request: web.Request, upload_id: str) -> dict[str, Any]:
     user = user_of(request)
     project = request.query.get("project")
-    projects = [project] if project and user.role(project) else sorted(user.roles)
+    projects = (
+        [project] if project and user.role(project)
+        else user.projects_in(request.app[SETTINGS].cell)
+    )  # fmt: skip
     return await blocking(request.app, intake.find, request.app[CONN], projects, upload_id)
 
 

@@ -15,8 +15,9 @@ import re
 _ABSOLUTE = re.compile(r"(?<![\w/.:])/(?!/)(?:[^\s'\"/:;,()\[\]<>|]+/)*([^\s'\"/:;,()\[\]<>|]*)")
 #: a sha256 (uploads are stored under it) or any longer hex run
 _HASH = re.compile(r"\b[0-9a-fA-F]{40,}\b")
-#: a job id, as farm.jobstore makes them: 20261201-161403-1a2b3c4d
-_JOB_ID = re.compile(r"\b\d{8}-\d{6}-[0-9a-f]{8}\b")
+#: a job id, as farm.jobstore makes them: 20261201-161403-1a2b3c4d, c2-20261201-161403-1a2b3c4d
+#: in a farm of cells
+_JOB_ID = re.compile(r"\b(?:[a-z][a-z0-9]{0,7}-)?\d{8}-\d{6}-[0-9a-f]{8}\b")
 
 
 def public(text: str, job_id: str | None = None) -> str:

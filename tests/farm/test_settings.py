@@ -204,6 +204,7 @@ def test_to_env_rebuilds_every_setting() -> None:
         device_speeds='{"t4": 3}', estimate_errors_max=50,
         live_preview_ttl_s=60.0, live_preview_budget=0.5,
         live_webrtc_per_job=2, live_webrtc_peers=5, live_webrtc_idle_s=30.0,
+        control_redis_url="redis://control:6379/0", cell="c2", cells="c1=http://a,c2=http://b",
     )  # fmt: skip
     assert {f.name for f in fields(Settings)} == set(ENV)
     for f in fields(Settings):

@@ -1,0 +1,58 @@
+"""A farm split in cells: names, the ids that carry them, and where a project lives.
+
+A cell is a whole farm (its Redis, web, workers and stream services) for a pool of hosts. Its
+jobs are its own: their ids begin with the cell's name (``c2-20261207-101500-0123abcd``), so a
+front door (web/frontdoor.py) sends a request about a job to its cell by the id alone. A project
+is pinned to one cell, recorded with the project in the control Redis that every cell shares
+for accounts; its jobs, uploads, streams, limits and usage all live in that cell.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+from farm.errors import BadParameter
+
+CELL_RE = re.compile(r"[a-z][a-z0-9]{0,7}")
+#: a job id as farm.jobstore makes them, with its cell's name in front in a farm of cells
+JOB_ID_RE = re.compile(r"(?:[a-z][a-z0-9]{0,7}-)?\d{8}-\d{6}-[0-9a-f]{8}")
+
+
+def check_cell(name: str) -> str:
+    if not CELL_RE.fullmatch(name):
+        raise BadParameter(
+            f"cell name {name!r} must be a lowercase letter, then up to 7 lowercase letters or "
+            "digits (FARM_CELL)"
+        )
+    return name
+
+
+def parse_cells(text: str) -> dict[str, str]:
+    """FARM_CELLS: ``name=url`` pairs, comma-separated, in order (the first is the default)."""
+    cells: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        name, url = name.strip(), url.strip().rstrip("/")
+        if not sep or not url:
+            raise BadParameter(f"FARM_CELLS: {item!r} is not name=url")
+        check_cell(name)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise BadParameter(f"FARM_CELLS: cell {name}'s web {url!r} is not an http(s) URL")
+        if name in cells:
+            raise BadParameter(f"FARM_CELLS: cell {name} is listed twice")
+        cells[name] = url
+    if not cells:
+        raise BadParameter("FARM_CELLS lists no cell (name=url, comma-separated)")
+    return cells
+
+
+def cell_of(job_id: str) -> str | None:
+    """The cell a job id names (``c2`` for ``c2-20261207-...``), None for a farm of one cell."""
+    if not JOB_ID_RE.fullmatch(job_id):
+        return None
+    head = job_id.split("-", 1)[0]
+    return None if head.isdigit() else head

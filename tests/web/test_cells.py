@@ -1,0 +1,320 @@
+"""A farm split in two cells behind one front door: each cell its own redis-server, web and
+storage, the accounts in a control Redis both share (farm.cells, web/frontdoor.py).
+
+Project A is pinned to cell c1, project B to c2; alice is in both. Through the front door a
+job, an upload and its deletion land in their project's cell and nowhere else, job ids carry
+the cell, the lists of all a user's projects are put together from both cells, an event
+stream and a large upload pass through as streams, and a cell's web asked directly about
+another cell's project answers 421."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from farm import jobstore, keys
+from farm.accounts import Accounts
+from farm.errors import BadParameter
+from farm.redisserver import RedisServer
+from farm.settings import Settings
+from tests.conftest import TESTDATA
+from tests.web.conftest import bearer, make_web_settings, scene_report
+from web import frontdoor
+from web.app import create_app
+from web.frontdoor import create_frontdoor
+from web.serve import run
+
+PLAIN = TESTDATA / "01_principled_material.blend"
+
+
+@pytest.fixture
+def second_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Cell c2's own redis-server (c1 has the session's)."""
+    with RedisServer(tmp_path_factory.mktemp("cell2"), unix_socket=False) as server:
+        yield server.url
+
+
+@dataclass
+class Farm:
+    c1: Settings
+    c2: Settings
+    control: str
+    alice: str
+    bob: str
+
+
+@pytest.fixture
+def farm(redis_url: str, second_redis: str, tmp_path: Path) -> Farm:
+    control = redis_url.rsplit("/", 1)[0] + "/1"  # the session's server, another database
+    conn = jobstore.connect(control)
+    try:
+        # a project is pinned to the cell of whoever makes it
+        Accounts(conn, cell="c1").set_role("alice", "A", "member")
+        Accounts(conn, cell="c1").set_role("alice", "C", "member")
+        Accounts(conn, cell="c2").set_role("alice", "B", "member")
+        Accounts(conn, cell="c2").set_role("bob", "B", "member")
+        alice = Accounts(conn).create_token("alice").token
+        bob = Accounts(conn).create_token("bob").token
+    finally:
+        conn.close()
+    cells = [
+        make_web_settings(url, tmp_path / name).with_(cell=name, control_redis_url=control)
+        for name, url in (("c1", redis_url), ("c2", second_redis))
+    ]
+    return Farm(cells[0], cells[1], control, alice, bob)
+
+
+@asynccontextmanager
+async def front_door(farm: Farm) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """Both cells' webs and the front door on loopback ports; a client and the door's URL."""
+    async with TestServer(create_app(farm.c1)) as one, TestServer(create_app(farm.c2)) as two:
+        cells = f"c1={str(one.make_url('')).rstrip('/')},c2={str(two.make_url('')).rstrip('/')}"
+        door = create_frontdoor(Settings().with_(cells=cells, control_redis_url=farm.control))
+        async with TestServer(door) as server, aiohttp.ClientSession() as client:
+            yield client, str(server.make_url("")).rstrip("/")
+
+
+def _in_cell(settings: Settings, key: str) -> bool:
+    conn = jobstore.connect(settings.redis_url)
+    try:
+        return bool(conn.exists(key))
+    finally:
+        conn.close()
+
+
+def _inspected(settings: Settings, sha: str) -> None:
+    """The upload's inspection report cached in its cell: a job submits without a worker."""
+    conn = jobstore.connect(settings.redis_url)
+    try:
+        conn.set(keys.inspection(sha), json.dumps(scene_report().to_dict()))
+    finally:
+        conn.close()
+
+
+async def _upload(client: aiohttp.ClientSession, url: str, token: str, project: str) -> str:
+    resp = await client.put(f"{url}/api/uploads/scene.blend?project={project}",
+                            data=PLAIN.read_bytes(), headers=bearer(token))  # fmt: skip
+    assert resp.status == 201, await resp.text()
+    return str((await resp.json())["upload_id"])
+
+
+async def _submit(
+    client: aiohttp.ClientSession, url: str, token: str, project: str, sha: str
+) -> dict[str, Any]:
+    body = {"project": project, "upload_id": sha, "frames": "1"}
+    resp = await client.post(f"{url}/api/jobs", json=body, headers=bearer(token))
+    assert resp.status == 201, await resp.text()
+    job: dict[str, Any] = await resp.json()
+    return job
+
+
+async def test_jobs_and_uploads_live_in_their_projects_cell(
+    farm: Farm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bodies larger than this are streamed to their cell, not read whole
+    monkeypatch.setattr(frontdoor, "BUFFERED_BYTES", 4096)
+    assert PLAIN.stat().st_size > 4096
+    async with front_door(farm) as (client, url):
+        sha = await _upload(client, url, farm.alice, "B")
+        assert _in_cell(farm.c2, keys.upload("B", sha))
+        assert not _in_cell(farm.c1, keys.upload("B", sha))
+        _inspected(farm.c2, sha)
+        job = await _submit(client, url, farm.alice, "B", sha)
+        assert job["job_id"].startswith("c2-")
+        assert _in_cell(farm.c2, keys.job(job["job_id"]))
+        assert not _in_cell(farm.c1, keys.job(job["job_id"]))
+
+        _inspected(farm.c1, await _upload(client, url, farm.alice, "A"))
+        other = await _submit(client, url, farm.alice, "A", sha)
+        assert other["job_id"].startswith("c1-")
+
+        # each job by its id, from its cell; bob sees B's job, not A's
+        for token, job_id, status in [
+            (farm.alice, job["job_id"], 200),
+            (farm.alice, other["job_id"], 200),
+            (farm.bob, job["job_id"], 200),
+            (farm.bob, other["job_id"], 404),
+        ]:
+            resp = await client.get(f"{url}/api/jobs/{job_id}", headers=bearer(token))
+            assert resp.status == status, (job_id, await resp.text())
+
+        # the lists of all the user's projects come from both cells, newest first
+        listed = await (await client.get(f"{url}/api/jobs", headers=bearer(farm.alice))).json()
+        assert [j["job_id"] for j in listed["jobs"]] == [other["job_id"], job["job_id"]]
+        me = await (await client.get(f"{url}/api/me", headers=bearer(farm.alice))).json()
+        assert sorted((p["id"], p["cell"]) for p in me["projects"]) == [
+            ("A", "c1"), ("B", "c2"), ("C", "c1"),
+        ]  # fmt: skip
+        ups = await (await client.get(f"{url}/api/uploads", headers=bearer(farm.alice))).json()
+        assert sorted(u["project"] for u in ups["uploads"]) == ["A", "B"]
+        # what is not put together says so, rather than answer with one cell's part
+        feed = await client.get(f"{url}/api/events", headers=bearer(farm.alice))
+        assert feed.status == 400 and "?project=" in (await feed.json())["error"]["message"]
+        only_b = await client.get(f"{url}/api/jobs?project=B", headers=bearer(farm.alice))
+        assert [j["job_id"] for j in (await only_b.json())["jobs"]] == [job["job_id"]]
+
+        # one batch action on jobs of both cells: each cell acts on its own
+        resp = await client.post(
+            f"{url}/api/jobs/batch", headers=bearer(farm.alice),
+            json={"action": "suspend", "ids": [job["job_id"], other["job_id"], job["job_id"]]},
+        )  # fmt: skip
+        assert resp.status == 200, await resp.text()
+        results = (await resp.json())["results"]
+        assert [(r["job_id"], r["ok"]) for r in results] == [
+            (job["job_id"], True), (other["job_id"], True),
+        ]  # fmt: skip
+        for job_id in (job["job_id"], other["job_id"]):
+            got = await client.get(f"{url}/api/jobs/{job_id}", headers=bearer(farm.alice))
+            assert (await got.json())["state"] == "suspended"
+
+        # a job's event stream passes through as it comes
+        async with client.get(
+            f"{url}/api/jobs/{job['job_id']}/events", headers=bearer(farm.alice)
+        ) as events:
+            assert events.status == 200
+            assert events.headers["Content-Type"].startswith("text/event-stream")
+            first = await events.content.readuntil(b"\n\n")
+            event = json.loads(first.split(b"data: ", 1)[1])
+            assert (event["job_id"], event["state"]) == (job["job_id"], "queued")
+
+        # an upload session's id names its cell; its chunks reach that cell
+        made = await client.post(
+            f"{url}/api/uploads/sessions", headers=bearer(farm.alice),
+            json={"project": "B", "name": "s.blend", "size": PLAIN.stat().st_size},
+        )  # fmt: skip
+        assert made.status == 201, await made.text()
+        session = (await made.json())["session_id"]
+        assert session.startswith("c2-")
+        found = await client.get(
+            f"{url}/api/uploads/sessions/{session}", headers=bearer(farm.alice)
+        )
+        assert found.status == 200, await found.text()
+        assert (await found.json())["project"] == "B"
+
+
+async def test_a_cell_serves_only_its_projects(farm: Farm) -> None:
+    async with TestServer(create_app(farm.c2)) as two, aiohttp.ClientSession() as client:
+        direct = str(two.make_url("")).rstrip("/")
+        resp = await client.get(f"{direct}/api/jobs?project=A", headers=bearer(farm.alice))
+        assert resp.status == 421, await resp.text()
+        error = (await resp.json())["error"]
+        assert (error["code"], error["cell"]) == ("wrong_cell", "c1")
+        resp = await client.put(f"{direct}/api/uploads/x.blend?project=A",
+                                data=PLAIN.read_bytes(), headers=bearer(farm.alice))  # fmt: skip
+        assert resp.status == 421
+        assert not _in_cell(farm.c2, keys.project_uploads("A"))
+        # the lists of all the user's projects leave the other cell's out
+        listed = await client.get(f"{direct}/api/jobs", headers=bearer(farm.alice))
+        assert listed.status == 200 and (await listed.json())["jobs"] == []
+
+
+async def test_a_project_made_before_cells_is_pinned_to_the_first_cell_it_meets(
+    farm: Farm,
+) -> None:
+    conn = jobstore.connect(farm.control)
+    try:
+        Accounts(conn).set_role("alice", "old", "member")  # no cell recorded
+        assert Accounts(conn).project_cell("old") is None
+        async with front_door(farm) as (client, url):
+            resp = await client.get(f"{url}/api/jobs?project=old", headers=bearer(farm.alice))
+            assert resp.status == 200, await resp.text()
+        assert Accounts(conn).project_cell("old") == "c1"  # the front door's default cell
+    finally:
+        conn.close()
+
+
+async def test_deleting_an_upload_keeps_bytes_another_project_of_the_cell_holds(
+    farm: Farm,
+) -> None:
+    async with front_door(farm) as (client, url):
+        sha = await _upload(client, url, farm.alice, "A")
+        assert await _upload(client, url, farm.alice, "C") == sha
+        resp = await client.delete(f"{url}/api/uploads/{sha}?project=A", headers=bearer(farm.alice))
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["kept"] == "another project has the same file"
+        assert _in_cell(farm.c1, keys.upload("C", sha))
+
+
+async def test_farm_frontdoor_serves_like_farm_web(farm: Farm) -> None:
+    """`farm frontdoor` binds and says where as `farm web` does; without cells it refuses."""
+    out = io.StringIO()
+    seen: list[Any] = []
+
+    async def check(url: str) -> None:
+        async with aiohttp.ClientSession() as client:
+            seen.append(await (await client.get(url + "/frontdoor/healthz")).json())
+
+    cells = "c1=http://127.0.0.1:9/,c2=http://127.0.0.1:10"
+    settings = Settings().with_(cells=cells, control_redis_url=farm.control, web_port=0)
+    await run(settings, out, until=check, app=create_frontdoor, name="farm frontdoor")
+    assert seen == [{"ok": True, "cells": ["c1", "c2"]}]
+    assert "farm frontdoor: serving http://127.0.0.1:" in out.getvalue()
+    with pytest.raises(BadParameter, match="FARM_CELLS"):
+        create_frontdoor(Settings())
+    for bad in ("C1=http://a", "c1=ftp://a", "c1=http://a,c1=http://b", "c1"):
+        with pytest.raises(BadParameter):
+            Settings().with_(cells=bad)
+
+
+async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
+    async with TestServer(create_app(farm.c1)) as one:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            gone = f"http://127.0.0.1:{free.getsockname()[1]}"  # nothing listens there
+        cells = f"c1={str(one.make_url('')).rstrip('/')},c2={gone}"
+        door = create_frontdoor(Settings().with_(cells=cells, control_redis_url=farm.control))
+        async with TestServer(door) as server, aiohttp.ClientSession() as client:
+            url = str(server.make_url("")).rstrip("/")
+            for path in ("/api/jobs?project=B", "/api/jobs"):
+                resp = await client.get(url + path, headers=bearer(farm.alice))
+                assert resp.status == 502, (path, await resp.text())
+                error = (await resp.json())["error"]
+                assert (error["code"], error["cell"]) == ("cell_unreachable", "c2")
+            # what the other cell holds is served as ever
+            resp = await client.get(url + "/api/jobs?project=A", headers=bearer(farm.alice))
+            assert resp.status == 200
+
+
+async def test_websockets_reach_the_cell_that_holds_the_session(tmp_path: Path) -> None:
+    """The front door finds a WebSocket's cell by asking each (404: not here) and then relays
+    both ways, with the client's credentials."""
+
+    def cell(holds: str) -> web.Application:
+        async def ws(request: web.Request) -> web.StreamResponse:
+            if request.match_info["sid"] != holds:
+                raise web.HTTPNotFound()
+            if request.headers.get("Authorization") != "Bearer t":
+                raise web.HTTPUnauthorized()
+            sock = web.WebSocketResponse()
+            await sock.prepare(request)
+            async for msg in sock:
+                await sock.send_str(f"{holds}:{msg.data}")
+            return sock
+
+        app = web.Application()
+        app.router.add_get("/api/streams/sessions/{sid}/ws", ws)
+        return app
+
+    async with TestServer(cell("s1")) as one, TestServer(cell("s2")) as two:
+        cells = f"c1={str(one.make_url('')).rstrip('/')},c2={str(two.make_url('')).rstrip('/')}"
+        # no request names a project: the control Redis is never asked
+        settings = Settings().with_(cells=cells, control_redis_url="redis://127.0.0.1:1/0")
+        async with TestServer(create_frontdoor(settings)) as door, aiohttp.ClientSession() as c:
+            url = door.make_url("/api/streams/sessions/s2/ws")
+            async with c.ws_connect(url, headers=bearer("t")) as sock:
+                await sock.send_str("hello")
+                assert (await sock.receive_str()) == "s2:hello"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await c.ws_connect(url, headers=bearer("wrong"))
+            assert refused.value.status == 401
