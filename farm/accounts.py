@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm import keys, redisclock
+from farm.cells import check_cell
 from farm.errors import BadParameter, NotFound
 from farm.redisclient import Redis, guard
 
@@ -84,15 +85,20 @@ class Accounts:
 
     # --- users and projects -------------------------------------------------------------------
 
-    def ensure_project(self, project: str, name: str | None = None) -> None:
+    def ensure_project(self, project: str, name: str | None = None, cell: str = "") -> None:
+        """Make ``project`` if it is new, pinned to ``cell`` (else to this caller's cell, in a
+        farm of cells); a project's pin never changes."""
         check_name("project", project)
         pipe = self.conn.pipeline()
         pipe.sadd(keys.PROJECTS, project)
         pipe.hsetnx(keys.project(project), "name", name or project)
         pipe.hsetnx(keys.project(project), "created", time.time())
-        if self.cell:
-            pipe.hsetnx(keys.project(project), "cell", self.cell)
+        if cell or self.cell:
+            pipe.hsetnx(keys.project(project), "cell", check_cell(cell) if cell else self.cell)
         guard(pipe.execute)
+
+    def project_exists(self, project: str) -> bool:
+        return bool(guard(self.conn.hexists, keys.project(project), "created"))
 
     def ensure_user(self, user: str, *, admin: bool = False) -> None:
         check_name("user", user)
@@ -105,9 +111,10 @@ class Accounts:
             pipe.hsetnx(keys.user(user), "admin", 0)
         guard(pipe.execute)
 
-    def set_role(self, user: str, project: str, role: str) -> None:
+    def set_role(self, user: str, project: str, role: str, cell: str = "") -> None:
+        """``user`` gets ``role`` in ``project``, which is made if new (pinned to ``cell``)."""
         check_role(role)
-        self.ensure_project(project)
+        self.ensure_project(project, cell=cell)
         self.ensure_user(user)
         pipe = self.conn.pipeline()
         pipe.hset(keys.project_members(project), user, role)

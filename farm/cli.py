@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--project", help="add the user to this project (created if new)")
     t.add_argument("--role", default="member", help="admin, member or viewer (default member)")
     t.add_argument("--admin", action="store_true", help="the user administers the whole farm")
+    t.add_argument(
+        "--cell", default="", help="a new project's cell in a farm of cells (default FARM_CELL)"
+    )
     t.add_argument("--json", action="store_true")
     t = tok.add_parser("revoke", help="revoke a token by its id")
     t.add_argument("token_id")
@@ -627,7 +630,7 @@ def cmd_token(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | 
             return None
         accounts.ensure_user(args.user, admin=args.admin)
         if args.project:
-            accounts.set_role(args.user, args.project, check_role(args.role))
+            accounts.set_role(args.user, args.project, check_role(args.role), args.cell)
         issued = accounts.create_token(args.user)
     finally:
         conn.close()

@@ -228,14 +228,18 @@ def _require_admin(request: web.Request) -> None:
 async def create_token(request: web.Request) -> web.Response:
     _require_admin(request)
     body = await jsonio.read_object(
-        request, {"user": str, "project": str, "role": str, "admin": bool}, required=("user",)
+        request,
+        {"user": str, "project": str, "role": str, "admin": bool, "cell": str},
+        required=("user",),
     )
     user = check_name("user", body["user"])
     accounts = request.app[ACCOUNTS]
     await blocking(request.app, accounts.ensure_user, user, admin=bool(body.get("admin")))
     if "project" in body:
         role = check_role(body.get("role", "member"))
-        await blocking(request.app, accounts.set_role, user, body["project"], role)
+        # a new project's cell, in a farm of cells (the front door picks one if none is named)
+        cell = body.get("cell", "")
+        await blocking(request.app, accounts.set_role, user, body["project"], role, cell)
     issued = await blocking(request.app, accounts.create_token, user)
     log.info("event=token_created user=%s token_id=%s by=%s", user, issued.token_id,
              user_of(request).name)  # fmt: skip

@@ -13,7 +13,9 @@ Where a request goes, first rule that applies:
    made before the farm had cells);
 2. a project (``/api/projects/<project>/...``, ``?project=``, or the ``project`` field of a JSON
    body): the cell the project is pinned to, read from the control Redis (the default cell for
-   a project not pinned yet, which that cell then pins);
+   a project not pinned yet, which that cell then pins). A new project (``POST /api/tokens``
+   naming one that does not exist) goes to the cell the body names, else to one picked by a
+   hash of its name, so that new projects spread over the cells;
 3. a list over all the user's projects or the farm (``GET /api/me``, ``/api/jobs``,
    ``/api/uploads``, ``/api/streams/sessions``, ``/api/workers``, ``/api/estimates/errors``
    without a project): every cell, the lists put together; a batch action on jobs of several
@@ -31,6 +33,7 @@ import asyncio
 import json
 import logging
 import re
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -246,6 +249,33 @@ async def _batch(request: web.Request, body: bytes) -> web.StreamResponse:
     return web.json_response({**answer, "results": [results[i] for i in ids if i in results]})
 
 
+async def _new_project(request: web.Request, body: bytes) -> web.StreamResponse | None:
+    """``POST /api/tokens`` that makes a project: the project goes to the cell its body names,
+    else to a cell picked by a hash of its name, so new projects spread over the cells. None:
+    not such a request (or the project exists: it keeps its cell)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    project = data.get("project") if isinstance(data, dict) else None
+    if not isinstance(project, str) or not project:
+        return None
+    cells: dict[str, str] = request.app[CELLS]
+    named = data.get("cell")
+    if named is not None and named not in cells:
+        message = f"cell {named!r} is not one of this farm's: {', '.join(cells)}"
+        return web.json_response({"error": {"code": "bad_request", "message": message}}, status=400)
+    loop = asyncio.get_running_loop()
+    exists = await loop.run_in_executor(
+        None, guard, request.app[CONTROL].hexists, keys.project(project), "created"
+    )
+    if exists:
+        return None
+    cell = named or list(cells)[zlib.crc32(project.encode()) % len(cells)]
+    sent = json.dumps({**data, "cell": cell}).encode()
+    return await _relay(request, await _send(request, cell, sent))
+
+
 async def _websocket(request: web.Request, cell: str) -> web.StreamResponse:
     url = request.app[CELLS][cell].replace("http", "ws", 1) + request.path_qs
     headers = {
@@ -303,6 +333,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
     # a body too large to read whole is streamed, to a cell the request names
     body = None if upgrade else await _read_small(request)
+    making = request.method == "POST" and request.path == "/api/tokens" and body
+    if making and (made := await _new_project(request, body or b"")) is not None:
+        return made
     cell = await _chosen(request, body)
     if upgrade:
         return await _websocket(request, cell or await _probe_cell(request))

@@ -52,6 +52,7 @@ class Farm:
     control: str
     alice: str
     bob: str
+    root: str
 
 
 @pytest.fixture
@@ -66,13 +67,15 @@ def farm(redis_url: str, second_redis: str, tmp_path: Path) -> Farm:
         Accounts(conn, cell="c2").set_role("bob", "B", "member")
         alice = Accounts(conn).create_token("alice").token
         bob = Accounts(conn).create_token("bob").token
+        Accounts(conn).ensure_user("root", admin=True)
+        root = Accounts(conn).create_token("root").token
     finally:
         conn.close()
     cells = [
         make_web_settings(url, tmp_path / name).with_(cell=name, control_redis_url=control)
         for name, url in (("c1", redis_url), ("c2", second_redis))
     ]
-    return Farm(cells[0], cells[1], control, alice, bob)
+    return Farm(cells[0], cells[1], control, alice, bob, root)
 
 
 @asynccontextmanager
@@ -217,6 +220,36 @@ async def test_a_cell_serves_only_its_projects(farm: Farm) -> None:
         # the lists of all the user's projects leave the other cell's out
         listed = await client.get(f"{direct}/api/jobs", headers=bearer(farm.alice))
         assert listed.status == 200 and (await listed.json())["jobs"] == []
+
+
+async def test_new_projects_spread_over_the_cells_or_go_where_asked(farm: Farm) -> None:
+    conn = jobstore.connect(farm.control)
+    try:
+        async with front_door(farm) as (client, url):
+
+            async def make(project: str, **extra: str) -> aiohttp.ClientResponse:
+                body = {"user": f"u-{project}", "project": project, **extra}
+                return await client.post(f"{url}/api/tokens", json=body, headers=bearer(farm.root))
+
+            for i in range(8):
+                assert (await make(f"p{i}")).status == 201
+            pins = [Accounts(conn).project_cell(f"p{i}") for i in range(8)]
+            assert set(pins) == {"c1", "c2"}, pins  # spread by a hash of the name
+            assert (await make("there", cell="c2")).status == 201
+            assert Accounts(conn).project_cell("there") == "c2"
+            refused = await make("nowhere", cell="c9")
+            assert refused.status == 400 and "c9" in await refused.text()
+            assert not Accounts(conn).project_exists("nowhere")
+            # a project keeps its cell whatever a later token's request says
+            assert (await make("A", cell="c2")).status == 201
+            assert Accounts(conn).project_cell("A") == "c1"
+            # the new member's token works at once, in the project's cell
+            made = await make("p-new", cell="c2")
+            token = (await made.json())["token"]
+            listed = await client.get(f"{url}/api/jobs?project=p-new", headers=bearer(token))
+            assert listed.status == 200, await listed.text()
+    finally:
+        conn.close()
 
 
 async def test_a_project_made_before_cells_is_pinned_to_the_first_cell_it_meets(
