@@ -24,7 +24,7 @@ from encoder.catalog import TESTPATTERN, Catalog
 from encoder.session import SessionState, StreamSession
 from encoder.testpattern import MIN_HEIGHT, MIN_WIDTH, check_size
 from encoder.turn import ice_servers
-from farm import keys, redisclock, sandbox, workerstate
+from farm import cells, keys, redisclock, sandbox, workerstate
 from farm.alloc.agent import DeviceAgent
 from farm.alloc.allocator import Lease, Request, SlotAllocator
 from farm.alloc.devices import Device
@@ -333,6 +333,7 @@ class StreamService:
             app, self.device, lease, self._allocator(), self.settings,
             ice_servers=lambda user: ice_servers(self.settings, user),
             on_ended=self._ended, project=project, owner=owner, renewals=self.renewals,
+            session_id=cells.new_id(self.settings.cell, 16),
         )  # fmt: skip
         self.sessions[session.id] = session
         await session.start()

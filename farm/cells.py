@@ -10,6 +10,7 @@ for accounts; its jobs, uploads, streams, limits and usage all live in that cell
 from __future__ import annotations
 
 import re
+import secrets
 from urllib.parse import urlsplit
 
 from farm.errors import BadParameter
@@ -56,3 +57,16 @@ def cell_of(job_id: str) -> str | None:
         return None
     head = job_id.split("-", 1)[0]
     return None if head.isdigit() else head
+
+
+def new_id(cell: str, hex_digits: int) -> str:
+    """A random id of ``hex_digits``, after ``<cell>-`` in a farm of cells (an upload session,
+    a stream session): the front door sends a request about it to its cell by the id alone."""
+    token = secrets.token_hex((hex_digits + 1) // 2)[:hex_digits]
+    return f"{cell}-{token}" if cell else token
+
+
+def cell_in(ident: str) -> str | None:
+    """The cell an id made by ``new_id`` names, None for an id without one."""
+    head, sep, _ = ident.partition("-")
+    return head if sep and CELL_RE.fullmatch(head) else None

@@ -8,9 +8,10 @@ the role as it would answer the client itself.
 
 Where a request goes, first rule that applies:
 
-1. a job (``/api/jobs/<id>``, ``/jobs/<id>``) or an upload session
-   (``/api/uploads/sessions/<id>``): the cell its id begins with (the default cell for a job
-   made before the farm had cells);
+1. a job (``/api/jobs/<id>``, ``/jobs/<id>``), an upload session
+   (``/api/uploads/sessions/<id>``) or a stream session (``/api/streams/sessions/<id>``, made
+   by a stream service run with FARM_CELL): the cell its id begins with (the default cell for
+   a job made before the farm had cells);
 2. a project (``/api/projects/<project>/...``, ``?project=``, or the ``project`` field of a JSON
    body): the cell the project is pinned to, read from the control Redis (the default cell for
    a project not pinned yet, which that cell then pins). A new project (``POST /api/tokens``
@@ -22,9 +23,10 @@ Where a request goes, first rule that applies:
    cells (``POST /api/jobs/batch``) is split by cell and its results joined. A live feed of
    every project (``/api/events``) and ``/metrics`` are not: the answer (400) says what to ask
    instead;
-4. anything else (logging in, tokens, pages, a stream session by its id): each cell in turn,
-   the default first, until one does not answer 404 (a cell answers 404 for what it does not
-   hold, so the answer is the holder's; what every cell holds, accounts, the default answers).
+4. anything else (logging in, tokens, pages, a stream session whose id names no cell): each
+   cell in turn, the default first, until one does not answer 404 (a cell answers 404 for
+   what it does not hold, so the answer is the holder's; what every cell holds, accounts, the
+   default answers).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ HOP_HEADERS = frozenset(
 #: larger one (an upload) names its project in the query
 BUFFERED_BYTES = 1 << 20
 #: paths whose next segment is an id that begins with its cell's name
-_CELL_ID = re.compile(r"^/(?:api/)?jobs/([^/]+)|^/api/uploads/sessions/([^/]+)")
+_CELL_ID = re.compile(
+    r"^/(?:api/)?jobs/([^/]+)|^/api/uploads/sessions/([^/]+)|^/api/streams/sessions/([^/]+)"
+)
 _PROJECT_PATH = re.compile(r"^/api/projects/([^/]+)")
 #: lists over all the user's projects, put together from every cell: path -> the list's key
 MERGED = {
@@ -125,8 +129,8 @@ async def _chosen(request: web.Request, body: bytes | None) -> str | None:
     """The one cell the request names (rules 1 and 2), or None."""
     cells = request.app[CELLS]
     if match := _CELL_ID.match(request.path):
-        ident = match.group(1) or match.group(2)
-        named = farm_cells.cell_of(ident) if match.group(1) else ident.split("-", 1)[0]
+        ident = match.group(1) or match.group(2) or match.group(3)
+        named = farm_cells.cell_of(ident) if match.group(1) else farm_cells.cell_in(ident)
         if named in cells:
             return named
         if match.group(1) and farm_cells.JOB_ID_RE.fullmatch(ident):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import shutil
 import time
 from functools import partial
@@ -13,7 +12,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from farm import keys, queue, queuewhy, submission, uploadrecords, workerstate
+from farm import cells, keys, queue, queuewhy, submission, uploadrecords, workerstate
 from farm.errors import BadParameter, Conflict, FarmError, NotFound
 from farm.models import InspectionReport
 from farm.redisclient import guard
@@ -187,9 +186,8 @@ async def create_session(request: web.Request) -> web.Response:
     if size > settings.upload_max_bytes:
         raise too_large(settings.upload_max_bytes)
     await _check_room(request, body["project"], size)
-    cell = request.app[SETTINGS].cell
     # in a farm of cells the id names its cell, so the front door finds the session
-    session_id = f"{cell}-{secrets.token_hex(16)}" if cell else secrets.token_hex(16)
+    session_id = cells.new_id(request.app[SETTINGS].cell, 32)
     # an open resumable upload holds one of the project's upload slots until it completes,
     # is aborted or expires
     limits = limits_of(request)

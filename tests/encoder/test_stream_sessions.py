@@ -336,6 +336,24 @@ def test_a_session_defaults_to_the_app_s_720p60(stream_service: object) -> None:
     asyncio.run(main())
 
 
+def test_a_cells_service_names_its_cell_in_its_sessions_ids(stream_settings: Settings) -> None:
+    """In a farm of cells (farm.cells) the front door sends a session's requests to its cell by
+    the id alone."""
+
+    async def main(url: str) -> None:
+        async with aiohttp.ClientSession(headers=operator_headers()) as http:
+            body = {"app": "testpattern", "width": 640, "height": 360}
+            status, session = await api(http, "POST", f"{url}/api/streams/sessions", body)
+            assert status == 201, session
+            sid = session["session_id"]
+            assert sid.startswith("c2-") and len(sid) == len("c2-") + 16, sid
+            status, _ = await api(http, "DELETE", f"{url}/api/streams/sessions/{sid}")
+            assert status == 204
+
+    with running(stream_settings.with_(cell="c2")) as service:
+        asyncio.run(main(service.url))
+
+
 def test_an_app_that_quits_ends_its_session_and_one_that_cannot_start_is_refused(
     stream_settings: Settings, redis_url: str, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -320,34 +321,42 @@ async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
 
 
 async def test_websockets_reach_the_cell_that_holds_the_session(tmp_path: Path) -> None:
-    """The front door finds a WebSocket's cell by asking each (404: not here) and then relays
-    both ways, with the client's credentials."""
+    """A WebSocket goes to the cell its session's id names; a session whose id names no cell
+    (a stream service run without FARM_CELL) is found by asking each cell (404: not here).
+    Either way the door relays both ways, with the client's credentials."""
+    asked: Counter[str] = Counter()
 
-    def cell(holds: str) -> web.Application:
+    def cell(name: str, holds: set[str]) -> web.Application:
         async def ws(request: web.Request) -> web.StreamResponse:
-            if request.match_info["sid"] != holds:
+            sid = request.match_info["sid"]
+            asked[name] += 1
+            if sid not in holds:
                 raise web.HTTPNotFound()
             if request.headers.get("Authorization") != "Bearer t":
                 raise web.HTTPUnauthorized()
             sock = web.WebSocketResponse()
             await sock.prepare(request)
             async for msg in sock:
-                await sock.send_str(f"{holds}:{msg.data}")
+                await sock.send_str(f"{name}/{sid}:{msg.data}")
             return sock
 
         app = web.Application()
         app.router.add_get("/api/streams/sessions/{sid}/ws", ws)
         return app
 
-    async with TestServer(cell("s1")) as one, TestServer(cell("s2")) as two:
+    one_app, two_app = cell("c1", set()), cell("c2", {"c2-0123abcd", "old"})
+    async with TestServer(one_app) as one, TestServer(two_app) as two:
         cells = f"c1={str(one.make_url('')).rstrip('/')},c2={str(two.make_url('')).rstrip('/')}"
         # no request names a project: the control Redis is never asked
         settings = Settings().with_(cells=cells, control_redis_url="redis://127.0.0.1:1/0")
         async with TestServer(create_frontdoor(settings)) as door, aiohttp.ClientSession() as c:
-            url = door.make_url("/api/streams/sessions/s2/ws")
-            async with c.ws_connect(url, headers=bearer("t")) as sock:
-                await sock.send_str("hello")
-                assert (await sock.receive_str()) == "s2:hello"
+            for sid, c1_asked in (("c2-0123abcd", 0), ("old", 1)):
+                asked.clear()
+                url = door.make_url(f"/api/streams/sessions/{sid}/ws")
+                async with c.ws_connect(url, headers=bearer("t")) as sock:
+                    await sock.send_str("hello")
+                    assert (await sock.receive_str()) == f"c2/{sid}:hello"
+                assert asked["c1"] == c1_asked, (sid, asked)
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await c.ws_connect(url, headers=bearer("wrong"))
             assert refused.value.status == 401
