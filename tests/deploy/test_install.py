@@ -210,7 +210,7 @@ def _in_package(folder: Path, root: Path) -> bool:
     return True
 
 
-@pytest.mark.parametrize("command", ["worker", "web", "stream", "up"])
+@pytest.mark.parametrize("command", ["worker", "web", "frontdoor", "stream", "up"])
 def test_every_service_command_answers_help(clean_venv: Path, command: str) -> None:
     done = subprocess.run(
         [clean_venv / "bin" / "farm", command, "--help"],
