@@ -156,6 +156,9 @@ async def _send(
 ) -> aiohttp.ClientResponse:
     url = request.app[CELLS][cell] + request.path_qs
     headers = _passed(request.headers)
+    if body is not None and not isinstance(body, bytes) and request.content_length is not None:
+        # a streamed body keeps its length: the cell refuses one too large before reading it
+        headers["Content-Length"] = str(request.content_length)
     headers["X-Forwarded-For"] = request.remote or ""
     headers["X-Forwarded-Proto"] = request.scheme
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -360,3 +361,36 @@ async def test_websockets_reach_the_cell_that_holds_the_session(tmp_path: Path) 
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await c.ws_connect(url, headers=bearer("wrong"))
             assert refused.value.status == 401
+
+
+async def test_a_large_body_streams_to_its_cell_with_its_length_and_the_clients_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(frontdoor, "BUFFERED_BYTES", 4096)
+    seen: list[tuple[dict[str, str], bytes]] = []
+
+    async def put(request: web.Request) -> web.Response:
+        seen.append((dict(request.headers), await request.read()))
+        return web.json_response({"ok": True}, status=201)
+
+    app = web.Application(client_max_size=1 << 22)
+    app.router.add_put("/api/uploads/sessions/{sid}", put)
+    body = os.urandom(3 << 20)
+    async with TestServer(app) as one:
+        settings = Settings().with_(
+            cells=f"c1={str(one.make_url('')).rstrip('/')}",
+            control_redis_url="redis://127.0.0.1:1/0",
+        )
+        async with TestServer(create_frontdoor(settings)) as door, aiohttp.ClientSession() as c:
+            sent = {**bearer("t"), "X-Forwarded-For": "6.6.6.6", "Cookie": "tessera_session=s"}
+            url = door.make_url("/api/uploads/sessions/c1-ab")
+            resp = await c.put(url, data=io.BytesIO(body), headers=sent)
+            assert resp.status == 201, await resp.text()
+            door_host = f"{door.host}:{door.port}"
+    headers, got = seen[0]
+    assert got == body
+    assert headers["Content-Length"] == str(len(body))
+    assert "Transfer-Encoding" not in headers
+    assert headers["Authorization"] == "Bearer t" and headers["Cookie"] == "tessera_session=s"
+    assert headers["Host"] == door_host  # the origin check sees the address the client used
+    assert headers["X-Forwarded-For"] == "127.0.0.1"  # the door's, not the client's claim
