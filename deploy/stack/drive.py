@@ -3,14 +3,17 @@
 Run by deploy/stack/test-stack after deploy/stack/build-images (the engine and its private
 configuration come from deploy/stack/engine.sh through the environment). The stack is
 docker-compose.yml with deploy/compose/cpu.yml (GPU services on the CPU device), the
-stand-in images where no registry answers (deploy/compose/standins.yml) and
-deploy/compose/stack-test.yml (host ports for this test), under its own project name.
+stand-in images where no registry answers (deploy/compose/standins.yml), a second cell and
+the front door (deploy/compose/cells.yml) and deploy/compose/stack-test.yml (host ports for
+this test), under its own project name.
 
 Phases: up and healthy; a token (`farm token create` in the web container); the example scene
 uploaded (resumable, as the UI does) and inspected; a job to S3; a worker killed (SIGKILL) and
 Redis restarted while it renders; the job done with every tile once; each frame downloaded by
 the link the API gives and compared with a plain bpy render of that frame, bit for bit; the
-same token after the restart; a stream session started through the web, encoding, ended;
+same token after the restart; a stream session started through the web, encoding, ended; a
+project of cell c2 made through cell c1's web (the accounts are shared), its upload,
+inspection and job through the front door, rendered in c2 and held only in c2's Redis;
 everything torn down (only this project: its containers, network and volumes).
 """
 
@@ -45,9 +48,13 @@ from workers import exr  # noqa: E402  (the farm's own EXR reader, from this che
 
 EXAMPLE = REPO / "farm" / "examples" / "example.blend"
 PROJECT = "stack"
-#: the services a GPU host runs; compose's monitoring profile stays off
-SERVICES = ("redis", "minio", "minio-init", "web", "worker", "stream", "coturn")
-HEALTHY = ("redis", "minio", "web", "worker", "stream", "coturn")
+#: the services a GPU host runs, then cell c2 and the front door (deploy/compose/cells.yml);
+#: compose's monitoring profile stays off
+CELL_SERVICES = ("redis-c2", "web-c2", "worker-c2", "frontdoor")
+SERVICES = ("redis", "minio", "minio-init", "web", "worker", "stream", "coturn", *CELL_SERVICES)
+HEALTHY = ("redis", "minio", "web", "worker", "stream", "coturn", *CELL_SERVICES)
+#: the project of cell c2 (made pinned there) whose job renders in that cell
+CELL_PROJECT = "stack-c2"
 #: services on the host's network (started by the driver under podman-compose 1.0)
 HOST_NETWORK = ("coturn",)
 #: generous for a cold 2-core machine; every wait ends as soon as its condition holds
@@ -307,13 +314,13 @@ ZOMBIES = (
 PAD_SHIM = "from encoder.gamepad import SHIM\nprint(SHIM if SHIM.is_file() else '')"
 
 
-def upload(api: Api, blend: Path) -> str:
+def upload(api: Api, blend: Path, project: str = PROJECT) -> str:
     """A resumable upload in 8 MiB chunks, as the web UI sends it."""
     data = blend.read_bytes()
     session = api.request(
         "POST",
         "/api/uploads/sessions",
-        body={"project": PROJECT, "name": blend.name, "size": len(data)},
+        body={"project": project, "name": blend.name, "size": len(data)},
     )
     sid = session["session_id"]
     for offset in range(0, len(data), CHUNK):
@@ -352,7 +359,7 @@ def faults_mid_job(stack: Stack, api: Api, job_id: str) -> None:
     print("stack:   worker started again", flush=True)
 
 
-def wait_done(stack: Stack, api: Api, job_id: str) -> dict[str, Any]:
+def wait_done(stack: Stack, api: Api, job_id: str, worker: str = "worker") -> dict[str, Any]:
     def ended() -> dict[str, Any] | None:
         detail: dict[str, Any] = api.request("GET", f"/api/jobs/{job_id}")
         return detail if detail["state"] in ("done", "failed", "cancelled") else None
@@ -360,7 +367,7 @@ def wait_done(stack: Stack, api: Api, job_id: str) -> dict[str, Any]:
     try:
         detail = wait_for(f"job {job_id} to end", ended, JOB_TIMEOUT_S, 1.0)
     except StackError as exc:
-        raise StackError(f"{exc}\n--- worker log:\n{stack.logs('worker', 120)}") from None
+        raise StackError(f"{exc}\n--- {worker} log:\n{stack.logs(worker, 120)}") from None
     if detail["state"] != "done":
         logs = api.request("GET", f"/api/jobs/{job_id}/logs")
         raise StackError(f"job {job_id} ended {detail['state']}:\n" + "\n".join(logs["lines"]))
@@ -457,7 +464,40 @@ def pad_shim(stack: Stack) -> None:
     print(f"stack:   gamepad shim in the stream image: {where}", flush=True)
 
 
-def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path) -> None:
+def second_cell(stack: Stack, door_url: str) -> None:
+    """A project of cell c2, made through the web of c1 (the accounts are shared); through the
+    front door its upload, inspection and job go to c2, and the job renders there."""
+    out = stack.exec(
+        "web", "farm", "token", "create", "--user", "stack-c2", "--project", CELL_PROJECT,
+        "--cell", "c2", "--role", "member", "--json",
+    )  # fmt: skip
+    api = Api(door_url, str(json.loads(out)["token"]))
+    me = api.request("GET", "/api/me")
+    cells = {p["id"]: p.get("cell") for p in me["projects"]}
+    if cells != {CELL_PROJECT: "c2"}:
+        raise StackError(f"the front door's /api/me shows {cells}, not {CELL_PROJECT} in c2")
+    upload_id = upload(api, EXAMPLE, CELL_PROJECT)
+    api.request("POST", f"/api/uploads/{upload_id}/inspect")
+    job = api.request(
+        "POST", "/api/jobs",
+        body={"project": CELL_PROJECT, "upload_id": upload_id, "frames": "1", "tiles": "1x1",
+              "formats": ["png"], "name": "stack-cell-c2"},
+    )  # fmt: skip
+    job_id = str(job["job_id"])
+    if not job_id.startswith("c2-"):
+        raise StackError(f"the job of a project of cell c2 has the id {job_id}")
+    detail = wait_done(stack, api, job_id, worker="worker-c2")
+    held = {
+        redis: stack.exec(redis, "redis-cli", "exists", f"tessera:job:{job_id}").strip()
+        for redis in ("redis", "redis-c2")
+    }
+    if held != {"redis": "0", "redis-c2": "1"}:
+        raise StackError(f"job {job_id} is held by {held} (1: that Redis has it), not c2's alone")
+    print(f"stack:   job {job_id} done in cell c2: {tiles_done(detail)} tile, only in c2's Redis",
+          flush=True)  # fmt: skip
+
+
+def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path, door_url: str) -> None:
     with phase("compose up, services healthy"):
         bring_up(stack)
     with phase("token (farm token create in the web container)"):
@@ -500,6 +540,8 @@ def journey(stack: Stack, web_url: str, public_s3: str, scratch: Path) -> None:
         stream_session(admin, "desktop")
         no_zombies(stack)
         pad_shim(stack)
+    with phase("a second cell behind the front door: a project of c2, its job rendered there"):
+        second_cell(stack, door_url)
 
 
 def main() -> int:
@@ -514,12 +556,15 @@ def main() -> int:
     files = [REPO / "docker-compose.yml", REPO / "deploy/compose/cpu.yml"]
     if args.engine == "docker":
         files.append(REPO / "deploy/compose/cpu-docker.yml")
+    files.append(REPO / "deploy/compose/cells.yml")
     if args.standins:
         files.append(REPO / "deploy/compose/standins.yml")
+        files.append(REPO / "deploy/compose/cells-standins.yml")
     files.append(REPO / "deploy/compose/stack-test.yml")
-    web_port, s3_port = free_port(), free_port()
+    web_port, s3_port, door_port = free_port(), free_port(), free_port()
     env = {
         "WEB_PORT": str(web_port),
+        "FRONTDOOR_PORT": str(door_port),
         "MINIO_CONSOLE_PORT": str(free_port()),
         "STACK_S3_PORT": str(s3_port),
         "STREAM_SECRET": secrets.token_urlsafe(32),
@@ -532,7 +577,8 @@ def main() -> int:
     ok = False
     try:
         stack.compose("down", "-v", check=False)  # a previous run's leftovers, if any
-        journey(stack, f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{s3_port}/", scratch)
+        journey(stack, f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{s3_port}/", scratch,
+                f"http://127.0.0.1:{door_port}")  # fmt: skip
         ok = True
     except StackError as exc:
         print(f"stack: FAILED: {exc}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from farm.cells import parse_cells as cells_of
 from tests.deploy.consistency import (
     DEPLOY,
     REPO,
@@ -183,3 +184,44 @@ def test_the_image_holds_every_package_and_starts_a_farm_command() -> None:
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
     assert cmd, "the image has no CMD"
     check_farm_command("deploy/Dockerfile CMD", yaml.safe_load(cmd[1]))
+
+
+def test_the_cells_overlay_is_a_second_whole_cell_behind_a_front_door(
+    services: dict[str, dict[str, Any]], compose: dict[str, Any]
+) -> None:
+    """deploy/compose/cells.yml: c1 is the base farm, c2 its own Redis, web and worker, the
+    front door names each cell's web where it serves and reads the accounts where c1 keeps
+    them."""
+    cells = yaml.safe_load((DEPLOY / "compose" / "cells.yml").read_text())
+    overlay = cells["services"]
+    merged = {name: {**services.get(name, {}), **s} for name, s in overlay.items()}
+    every = {**services, **merged}
+    for name in ("web", "worker", "stream"):
+        assert overlay[name]["environment"] == {"FARM_CELL": "c1"}
+    for name in ("web-c2", "worker-c2", "frontdoor"):
+        service = overlay[name]
+        assert service["image"] == services["web"]["image"]
+        check_farm_command(f"cells service {name}", service["command"])
+        settings = check_env(f"cells service {name}", service["environment"])
+        assert "healthcheck" in service
+        for dep in service.get("depends_on", {}):
+            assert dep in every, f"{name} depends on unknown service {dep}"
+        if name != "frontdoor":
+            assert settings.cell == "c2"
+            assert host_port(settings.redis_url)[0] == "redis-c2"
+            assert settings.storage_url != _env(services["web"])["FARM_STORAGE_URL"]
+    door = check_env("frontdoor", overlay["frontdoor"]["environment"])
+    control = host_port(door.control_redis_url)
+    assert control == host_port(_env(services["web"])["FARM_REDIS_URL"])  # c1's Redis
+    assert (
+        host_port(check_env("web-c2", overlay["web-c2"]["environment"]).control_redis_url)
+        == control
+    )
+    webs = {"c1": "web", "c2": "web-c2"}
+    for cell, url in cells_of(door.cells).items():
+        host, port = host_port(url)
+        assert host == webs[cell]
+        assert port == _healthcheck_port(every[host])
+    assert (DEPLOY / "compose" / "cells-standins.yml").is_file()
+    for volume in overlay["redis-c2"]["volumes"]:
+        assert volume.split(":")[0] in cells["volumes"]
