@@ -142,13 +142,30 @@ async def _chosen(request: web.Request, body: bytes | None) -> str | None:
     return await _project_cell(request.app, project) if project else None
 
 
-async def _read_small(request: web.Request) -> bytes | None:
-    """The whole body where it is small enough to read (None: none, or too large)."""
+async def _read_small(request: web.Request) -> tuple[bytes | None, bytes]:
+    """The whole body where it is at most BUFFERED_BYTES (None: larger), and what of it was
+    read already (a body without a length is read until it proves larger: then streamed on)."""
     if not request.body_exists:
-        return b""
-    if request.content_length is None or request.content_length > BUFFERED_BYTES:
-        return None
-    return await request.read()
+        return b"", b""
+    if request.content_length is not None:
+        if request.content_length > BUFFERED_BYTES:
+            return None, b""
+        return await request.read(), b""
+    head = bytearray()
+    while len(head) <= BUFFERED_BYTES:
+        chunk = await request.content.readany()
+        if not chunk:
+            return bytes(head), b""
+        head += chunk
+    return None, bytes(head)
+
+
+async def _streamed(head: bytes, request: web.Request) -> AsyncIterator[bytes]:
+    """The body as it arrives, after the part of it read already."""
+    if head:
+        yield head
+    async for chunk in request.content.iter_any():
+        yield chunk
 
 
 async def _send(
@@ -339,7 +356,7 @@ async def _probe_cell(request: web.Request) -> str:
 async def forward(request: web.Request) -> web.StreamResponse:
     upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
     # a body too large to read whole is streamed, to a cell the request names
-    body = None if upgrade else await _read_small(request)
+    body, head = (None, b"") if upgrade else await _read_small(request)
     making = request.method == "POST" and request.path == "/api/tokens" and body
     if making and (made := await _new_project(request, body or b"")) is not None:
         return made
@@ -357,7 +374,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if cell is not None:
         data: bytes | AsyncIterator[bytes] | None = body
         if body is None:
-            data = request.content.iter_any()
+            data = _streamed(head, request)
         return await _relay(request, await _send(request, cell, data))
     if body is None:
         raise web.HTTPRequestEntityTooLarge(

@@ -387,6 +387,25 @@ async def test_a_large_body_streams_to_its_cell_with_its_length_and_the_clients_
             resp = await c.put(url, data=io.BytesIO(body), headers=sent)
             assert resp.status == 201, await resp.text()
             door_host = f"{door.host}:{door.port}"
+
+            # without a length: read until it proves large, then streamed on whole
+            async def chunked() -> AsyncIterator[bytes]:
+                for i in range(0, len(body), 1 << 16):
+                    yield body[i : i + (1 << 16)]
+
+            resp = await c.put(url, data=chunked(), headers=sent)
+            assert resp.status == 201, await resp.text()
+            assert seen[1][1] == body
+            # a small one without a length is still read whole (here: to split it by cell)
+            monkeypatch.setattr(frontdoor, "BUFFERED_BYTES", 1 << 20)
+
+            async def small() -> AsyncIterator[bytes]:
+                yield b'{"action": "cancel", '
+                yield b'"ids": ["c1-20261207-101500-0123abcd"]}'
+
+            resp = await c.post(door.make_url("/api/jobs/batch"), data=small(), headers=sent)
+            assert resp.status == 404  # the cell's answer (it has no such route), not a 413
+            assert len(seen) == 2
     headers, got = seen[0]
     assert got == body
     assert headers["Content-Length"] == str(len(body))
