@@ -169,6 +169,20 @@ WEBHOOK_ATTEMPTS = Counter(
     "dropped deliveries (their hook was deleted).", ["outcome"], registry=REGISTRY,
 )  # fmt: skip
 
+# --- the front door of a farm in cells (web/frontdoor.py) -------------------------------------
+
+FRONTDOOR_REQUESTS = Counter(
+    "tessera_frontdoor_requests", "Requests the front door sent to a cell's web, by cell and "
+    "the cell's status class (2xx, 3xx, 4xx, 5xx), or unreachable.", ["cell", "status"],
+    registry=REGISTRY,
+)  # fmt: skip
+FRONTDOOR_SECONDS = Histogram(
+    "tessera_frontdoor_request_duration_seconds", "From the front door sending a request to "
+    "a cell to that cell's answer's headers, by cell.", ["cell"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+    registry=REGISTRY,
+)  # fmt: skip
+
 _SESSION_GAUGES = (STREAM_FPS, STREAM_BITRATE, STREAM_ROUND_TRIP)
 
 #: the families ``FarmCollector`` yields, with their types
@@ -201,7 +215,7 @@ def exported_names() -> set[str]:
            GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_POWER, GPU_ENERGY, GPU_ENCODER_SESSIONS,
            STREAM_SESSIONS, STREAM_VIEWERS, STREAM_FPS, STREAM_BITRATE, STREAM_ROUND_TRIP,
            STREAM_ROUND_TRIPS, STREAM_FRAMES, STREAM_MESSAGES_DROPPED,
-           WEBHOOK_ATTEMPTS)  # fmt: skip
+           WEBHOOK_ATTEMPTS, FRONTDOOR_REQUESTS, FRONTDOOR_SECONDS)  # fmt: skip
     for metric in own:
         families += [(m.name, m.type) for m in metric.describe()]
     families += [(m.name, m.type) for m in _PROCESS.collect()]

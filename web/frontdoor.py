@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,7 +44,7 @@ import aiohttp
 from aiohttp import web
 
 from farm import cells as farm_cells
-from farm import jobstore, keys
+from farm import jobstore, keys, metrics
 from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from web.jobs import merged_jobs
@@ -178,13 +179,18 @@ async def _send(
         headers["Content-Length"] = str(request.content_length)
     headers["X-Forwarded-For"] = request.remote or ""
     headers["X-Forwarded-Proto"] = request.scheme
+    started = time.perf_counter()
     try:
-        return await request.app[CLIENT].request(
+        answer = await request.app[CLIENT].request(
             request.method, url, headers=headers, data=body, allow_redirects=False
         )
     except aiohttp.ClientError as exc:
         log.warning("event=cell_unreachable cell=%s error=%r", cell, exc)
+        metrics.FRONTDOOR_REQUESTS.labels(cell, "unreachable").inc()
         raise _unreachable(cell) from None
+    metrics.FRONTDOOR_SECONDS.labels(cell).observe(time.perf_counter() - started)
+    metrics.FRONTDOOR_REQUESTS.labels(cell, f"{answer.status // 100}xx").inc()
+    return answer
 
 
 def _unreachable(cell: str) -> web.HTTPBadGateway:

@@ -28,6 +28,7 @@ from aiohttp.test_utils import TestServer
 from farm import jobstore, keys
 from farm.accounts import Accounts
 from farm.errors import BadParameter
+from farm.metrics import REGISTRY
 from farm.redisserver import RedisServer
 from farm.settings import Settings
 from tests.conftest import TESTDATA
@@ -286,14 +287,25 @@ async def test_farm_frontdoor_serves_like_farm_web(farm: Farm) -> None:
     out = io.StringIO()
     seen: list[Any] = []
 
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        scrape_port = free.getsockname()[1]
+
     async def check(url: str) -> None:
         async with aiohttp.ClientSession() as client:
             seen.append(await (await client.get(url + "/frontdoor/healthz")).json())
+            # nothing listens on the cells: the door's own metrics count that
+            await client.get(url + "/api/jobs/c2-20261207-101500-0123abcd")
+            scraped = await client.get(f"http://127.0.0.1:{scrape_port}/metrics")
+            seen.append(await scraped.text())
 
     cells = "c1=http://127.0.0.1:9/,c2=http://127.0.0.1:10"
-    settings = Settings().with_(cells=cells, control_redis_url=farm.control, web_port=0)
+    settings = Settings().with_(
+        cells=cells, control_redis_url=farm.control, web_port=0, web_metrics_port=scrape_port
+    )
     await run(settings, out, until=check, app=create_frontdoor, name="farm frontdoor")
-    assert seen == [{"ok": True, "cells": ["c1", "c2"]}]
+    assert seen[0] == {"ok": True, "cells": ["c1", "c2"]}
+    assert 'tessera_frontdoor_requests_total{cell="c2",status="unreachable"}' in seen[1]
     assert "farm frontdoor: serving http://127.0.0.1:" in out.getvalue()
     with pytest.raises(BadParameter, match="FARM_CELLS"):
         create_frontdoor(Settings())
@@ -302,7 +314,15 @@ async def test_farm_frontdoor_serves_like_farm_web(farm: Farm) -> None:
             Settings().with_(cells=bad)
 
 
+def _counted(cell: str, status: str) -> float:
+    found = REGISTRY.get_sample_value(
+        "tessera_frontdoor_requests_total", {"cell": cell, "status": status}
+    )
+    return found or 0.0
+
+
 async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
+    before = {k: _counted(*k) for k in (("c1", "2xx"), ("c2", "unreachable"))}
     async with TestServer(create_app(farm.c1)) as one:
         with socket.socket() as free:
             free.bind(("127.0.0.1", 0))
@@ -319,6 +339,13 @@ async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
             # what the other cell holds is served as ever
             resp = await client.get(url + "/api/jobs?project=A", headers=bearer(farm.alice))
             assert resp.status == 200
+    # the door's own metrics count each cell's answers and silences
+    after = {k: _counted(*k) - before[k] for k in before}
+    assert after == {("c1", "2xx"): 2.0, ("c2", "unreachable"): 2.0}, after
+    timed = REGISTRY.get_sample_value(
+        "tessera_frontdoor_request_duration_seconds_count", {"cell": "c1"}
+    )
+    assert timed is not None and timed >= 2
 
 
 async def test_websockets_reach_the_cell_that_holds_the_session(tmp_path: Path) -> None:
