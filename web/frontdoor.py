@@ -19,7 +19,8 @@ Where a request goes, first rule that applies:
    hash of its name, so that new projects spread over the cells;
 3. a list over all the user's projects or the farm (``GET /api/me``, ``/api/jobs``,
    ``/api/uploads``, ``/api/streams/sessions``, ``/api/workers``, ``/api/estimates/errors``
-   without a project): every cell, the lists put together; a batch action on jobs of several
+   without a project): every cell, the lists put together (a cell that does not answer is
+   left out and named in ``cells_unreachable``); a batch action on jobs of several
    cells (``POST /api/jobs/batch``) is split by cell and its results joined. A live feed of
    every project (``/api/events``) and ``/metrics`` are not: the answer (400) says what to ask
    instead;
@@ -220,16 +221,22 @@ async def _relay(request: web.Request, upstream: aiohttp.ClientResponse) -> web.
 
 
 async def _merged(request: web.Request, key: str) -> web.StreamResponse:
-    """Rule 3: every cell's list, put together (newest job first, as one cell's list is)."""
+    """Rule 3: every cell's list, put together (newest job first, as one cell's list is). A
+    cell that does not answer leaves its part out, named in ``cells_unreachable``: one cell
+    down must not take the others' lists (and the pages that read them) down with it."""
+    cells: dict[str, str] = request.app[CELLS]
     sent = await asyncio.gather(
-        *(_send(request, cell, b"") for cell in request.app[CELLS]), return_exceptions=True
+        *(_send(request, cell, b"") for cell in cells), return_exceptions=True
     )
     answers = [a for a in sent if isinstance(a, aiohttp.ClientResponse)]
+    missing = [cell for cell, a in zip(cells, sent, strict=True) if isinstance(a, BaseException)]
     out: dict[str, Any] | None = None
     try:
         for failed in sent:
-            if isinstance(failed, BaseException):
-                raise failed  # a cell did not answer: the whole list would be a part of it
+            if isinstance(failed, BaseException) and not isinstance(failed, web.HTTPBadGateway):
+                raise failed
+        if not answers:
+            raise _unreachable(missing[0])
         for upstream in answers:
             if upstream.status != 200:
                 return await _relay(request, upstream)
@@ -244,6 +251,8 @@ async def _merged(request: web.Request, key: str) -> web.StreamResponse:
     assert out is not None
     if key == "jobs":
         out["jobs"] = merged_jobs(out["jobs"], request.query)
+    if missing:
+        out["cells_unreachable"] = missing
     return web.json_response(out)
 
 

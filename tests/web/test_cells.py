@@ -296,6 +296,7 @@ async def test_farm_frontdoor_serves_like_farm_web(farm: Farm) -> None:
             seen.append(await (await client.get(url + "/frontdoor/healthz")).json())
             # nothing listens on the cells: the door's own metrics count that
             await client.get(url + "/api/jobs/c2-20261207-101500-0123abcd")
+            seen.append((await client.get(url + "/api/me")).status)  # no cell: no list
             scraped = await client.get(f"http://127.0.0.1:{scrape_port}/metrics")
             seen.append(await scraped.text())
 
@@ -305,7 +306,8 @@ async def test_farm_frontdoor_serves_like_farm_web(farm: Farm) -> None:
     )
     await run(settings, out, until=check, app=create_frontdoor, name="farm frontdoor")
     assert seen[0] == {"ok": True, "cells": ["c1", "c2"]}
-    assert 'tessera_frontdoor_requests_total{cell="c2",status="unreachable"}' in seen[1]
+    assert seen[1] == 502
+    assert 'tessera_frontdoor_requests_total{cell="c2",status="unreachable"}' in seen[2]
     assert "farm frontdoor: serving http://127.0.0.1:" in out.getvalue()
     with pytest.raises(BadParameter, match="FARM_CELLS"):
         create_frontdoor(Settings())
@@ -331,11 +333,16 @@ async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
         door = create_frontdoor(Settings().with_(cells=cells, control_redis_url=farm.control))
         async with TestServer(door) as server, aiohttp.ClientSession() as client:
             url = str(server.make_url("")).rstrip("/")
-            for path in ("/api/jobs?project=B", "/api/jobs"):
-                resp = await client.get(url + path, headers=bearer(farm.alice))
-                assert resp.status == 502, (path, await resp.text())
-                error = (await resp.json())["error"]
-                assert (error["code"], error["cell"]) == ("cell_unreachable", "c2")
+            resp = await client.get(url + "/api/jobs?project=B", headers=bearer(farm.alice))
+            assert resp.status == 502, await resp.text()
+            error = (await resp.json())["error"]
+            assert (error["code"], error["cell"]) == ("cell_unreachable", "c2")
+            # a list of every project: the other cell's part, and which cell is missing
+            resp = await client.get(url + "/api/me", headers=bearer(farm.alice))
+            assert resp.status == 200, await resp.text()
+            me = await resp.json()
+            assert sorted(p["id"] for p in me["projects"]) == ["A", "C"]
+            assert me["cells_unreachable"] == ["c2"]
             # what the other cell holds is served as ever
             resp = await client.get(url + "/api/jobs?project=A", headers=bearer(farm.alice))
             assert resp.status == 200
