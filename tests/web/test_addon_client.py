@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -51,8 +51,15 @@ class LiveWeb:
     sync API does) in the main thread.
     """
 
-    def __init__(self, settings: Settings, start_timeout_s: float = 30) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        start_timeout_s: float = 30,
+        app: Callable[[Settings], web.Application] | None = None,
+    ) -> None:
         self.settings = settings
+        #: the app to serve: the web (default), or the front door of a farm in cells
+        self.app = app
         self.url = ""
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -74,7 +81,7 @@ class LiveWeb:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        runner = web.AppRunner(create_app(self.settings))
+        runner = web.AppRunner((self.app or create_app)(self.settings))
         try:
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from playwright.sync_api import Browser, expect
 
 from farm import jobstore, keys
 from farm.accounts import Accounts
@@ -33,6 +34,7 @@ from farm.redisserver import RedisServer
 from farm.settings import Settings
 from tests.conftest import TESTDATA
 from tests.web.conftest import bearer, make_web_settings, scene_report
+from tests.web.test_addon_client import LiveWeb
 from web import frontdoor
 from web.app import create_app
 from web.frontdoor import create_frontdoor
@@ -447,3 +449,37 @@ async def test_a_large_body_streams_to_its_cell_with_its_length_and_the_clients_
     assert headers["Authorization"] == "Bearer t" and headers["Cookie"] == "tessera_session=s"
     assert headers["Host"] == door_host  # the origin check sees the address the client used
     assert headers["X-Forwarded-For"] == "127.0.0.1"  # the door's, not the client's claim
+
+
+def test_the_pages_through_the_front_door_list_every_cells_projects_and_say_when_one_is_down(
+    farm: Farm, browser: Browser
+) -> None:
+    """Signing in, the project list and a page in Chromium through the front door; then with
+    cell c2 stopped, the pages still work and say which cell is missing."""
+    one, two = LiveWeb(farm.c1), LiveWeb(farm.c2)
+    try:
+        cells = f"c1={one.url},c2={two.url}"
+        settings = Settings().with_(cells=cells, control_redis_url=farm.control)
+        door = LiveWeb(settings, app=create_frontdoor)
+        try:
+            page = browser.new_page()
+            page.goto(door.url + "/")
+            page.fill("#token", farm.alice)
+            page.click("#signin")
+            expect(page).to_have_url(door.url + "/")
+            expect(page.locator("body[data-ready]")).to_have_count(1)
+            expect(page.locator("#project option")).to_have_count(3)  # A, C in c1; B in c2
+            expect(page.locator("#cells-unreachable")).to_have_count(0)
+            two.close()
+            page.reload()
+            expect(page.locator("body[data-ready]")).to_have_count(1)
+            expect(page.locator("#cells-unreachable")).to_contain_text("cell c2")
+            options = page.locator("#project option")
+            expect(options).to_have_count(2)
+            assert sorted(options.all_inner_texts()) == ["A", "C"]
+            page.close()
+        finally:
+            door.close()
+    finally:
+        one.close()
+        two.close()

@@ -158,6 +158,13 @@ export async function startPage(active, onProject) {
     el("div", { class: "spacer" }),
     el("div", { class: "userbox" }, "Project", select, el("span", { id: "user", title: me.admin ? "administrator" : "" }, me.user), logout));
   document.body.prepend(bar);
+  // a farm in cells: a cell that did not answer the front door leaves its projects out
+  const missing = me.cells_unreachable || [];
+  if (missing.length) {
+    bar.after(el("div", { class: "callout warn", id: "cells-unreachable", role: "status" },
+      `Part of the farm does not answer (cell ${missing.join(", ")}): its projects are not listed. ` +
+      "Reload in a moment."));
+  }
   localStorage.setItem(PROJECT_KEY, project);
   return { me, project: () => project };
 }
