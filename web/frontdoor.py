@@ -46,6 +46,7 @@ from aiohttp import web
 
 from farm import cells as farm_cells
 from farm import jobstore, keys, metrics
+from farm.httperrors import error_body
 from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from web.jobs import merged_jobs
@@ -197,7 +198,7 @@ async def _send(
 def _unreachable(cell: str) -> web.HTTPBadGateway:
     message = f"cell {cell} of the farm does not answer; try again in a moment"
     return web.HTTPBadGateway(
-        text=json.dumps({"error": {"code": "cell_unreachable", "message": message, "cell": cell}}),
+        text=json.dumps(error_body("cell_unreachable", message, cell=cell)),
         content_type="application/json",
     )
 
@@ -303,7 +304,7 @@ async def _new_project(request: web.Request, body: bytes) -> web.StreamResponse 
     named = data.get("cell")
     if named is not None and named not in cells:
         message = f"cell {named!r} is not one of this farm's: {', '.join(cells)}"
-        return web.json_response({"error": {"code": "bad_request", "message": message}}, status=400)
+        return web.json_response(error_body("bad_parameter", message, field="cell"), status=400)
     loop = asyncio.get_running_loop()
     exists = await loop.run_in_executor(
         None, guard, request.app[CONTROL].hexists, keys.project(project), "created"
@@ -325,9 +326,7 @@ async def _websocket(request: web.Request, cell: str) -> web.StreamResponse:
         far = await request.app[CLIENT].ws_connect(url, headers=headers, autoping=False)
     except aiohttp.WSServerHandshakeError as exc:
         # the cell refused (no login, not the user's session): its status, as it said it
-        return web.json_response(
-            {"error": {"code": "refused", "message": exc.message}}, status=exc.status
-        )
+        return web.json_response(error_body("refused", exc.message, cell=cell), status=exc.status)
     async with far:
         near = web.WebSocketResponse(autoping=False)
         await near.prepare(request)
@@ -381,9 +380,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if request.method == "POST" and request.path == "/api/jobs/batch" and body is not None:
         return await _batch(request, body)
     if cell is None and request.path in PER_CELL:
-        return web.json_response(
-            {"error": {"code": "per_cell", "message": PER_CELL[request.path]}}, status=400
-        )
+        return web.json_response(error_body("per_cell", PER_CELL[request.path]), status=400)
     if cell is None and request.method == "GET" and request.path in MERGED:
         return await _merged(request, MERGED[request.path])
     if cell is not None:
