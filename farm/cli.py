@@ -589,26 +589,26 @@ def cmd_usage(settings: Settings, args: argparse.Namespace) -> Any:
     return None
 
 
-def cmd_web(settings: Settings, args: argparse.Namespace) -> None:
-    from web.serve import serve
-
+def _web_address(settings: Settings, args: argparse.Namespace) -> Settings:
+    """FARM_WEB_HOST and FARM_WEB_PORT, with --host and --port over them."""
     changes: dict[str, Any] = {}
     if args.host is not None:
         changes["web_host"] = args.host
     if args.port is not None:
         changes["web_port"] = args.port
-    serve(settings.with_(**changes))
+    return settings.with_(**changes)
+
+
+def cmd_web(settings: Settings, args: argparse.Namespace) -> None:
+    from web.serve import serve
+
+    serve(_web_address(settings, args))
 
 
 def cmd_frontdoor(settings: Settings, args: argparse.Namespace) -> None:
     from web.serve import serve_frontdoor
 
-    changes: dict[str, Any] = {}
-    if args.host is not None:
-        changes["web_host"] = args.host
-    if args.port is not None:
-        changes["web_port"] = args.port
-    serve_frontdoor(settings.with_(**changes))
+    serve_frontdoor(_web_address(settings, args))
 
 
 def cmd_up(settings: Settings, args: argparse.Namespace) -> None:

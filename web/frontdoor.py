@@ -49,6 +49,7 @@ from farm import jobstore, keys, metrics
 from farm.httperrors import error_body
 from farm.redisclient import Redis, guard
 from farm.settings import Settings
+from web import wsrelay
 from web.jobs import merged_jobs
 
 log = logging.getLogger("tessera.frontdoor")
@@ -323,35 +324,14 @@ async def _websocket(request: web.Request, cell: str) -> web.StreamResponse:
         if not k.lower().startswith("sec-websocket")
     }  # fmt: skip
     try:
-        far = await request.app[CLIENT].ws_connect(url, headers=headers, autoping=False)
+        far = await request.app[CLIENT].ws_connect(
+            url, headers=headers, max_msg_size=0,
+            timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+        )  # fmt: skip
     except aiohttp.WSServerHandshakeError as exc:
         # the cell refused (no login, not the user's session): its status, as it said it
         return web.json_response(error_body("refused", exc.message, cell=cell), status=exc.status)
-    async with far:
-        near = web.WebSocketResponse(autoping=False)
-        await near.prepare(request)
-
-        async def pump(src: Any, dst: Any) -> None:
-            async for msg in src:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    await dst.send_str(msg.data)
-                elif msg.type == aiohttp.WSMsgType.BINARY:
-                    await dst.send_bytes(msg.data)
-                elif msg.type == aiohttp.WSMsgType.PING:
-                    await dst.ping(msg.data)
-                elif msg.type == aiohttp.WSMsgType.PONG:
-                    await dst.pong(msg.data)
-            await dst.close()
-
-        tasks = [asyncio.ensure_future(pump(near, far)), asyncio.ensure_future(pump(far, near))]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await near.close()
-    return near
+    return await wsrelay.answer(request, far)
 
 
 async def _probe_cell(request: web.Request) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
@@ -14,7 +13,7 @@ from aiohttp import web
 from farm import keys, redisclock, streamauth
 from farm.errors import BadParameter, FarmError, Forbidden, NoCapacity, NotFound, error_class
 from farm.redisclient import guard
-from web import jsonio
+from web import jsonio, wsrelay
 from web.appkeys import ACCOUNTS, CONN, HTTP, SETTINGS, blocking, user_of
 from web.auth import check_device, check_origin, role_in
 
@@ -312,40 +311,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
         raise NoCapacity(f"the stream service at {url} refused the WebSocket: {exc}") from None
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise NoCapacity(f"the stream service at {url} did not answer: {exc}") from None
-    ws = web.WebSocketResponse(max_msg_size=0)
-    try:
-        await ws.prepare(request)
-        await _pump(ws, upstream)
-    finally:
-        await upstream.close()
-        await ws.close()
-    return ws
-
-
-async def _pump(ws: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
-    """Messages both ways until either side closes."""
-
-    async def down() -> None:
-        async for msg in upstream:
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                await ws.send_bytes(msg.data)
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                await ws.send_str(msg.data)
-
-    async def up() -> None:
-        async for msg in ws:
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                await upstream.send_str(msg.data)
-            elif msg.type == aiohttp.WSMsgType.BINARY:
-                await upstream.send_bytes(msg.data)
-
-    tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    return await wsrelay.answer(request, upstream)
 
 
 # --- H7: the files of a session's home, for the members of its project -------------------
