@@ -12,6 +12,7 @@ from farm.accounts import ROLE_RANK, User, check_name, check_role, digest
 from farm.errors import BadParameter, Forbidden, NotFound, Unauthorized, WrongCell
 from web import jsonio
 from web.appkeys import ACCOUNTS, ALLOCATOR, ROUTES, SETTINGS, USER, blocking, user_of
+from web.headers import forwarded_tls, over_tls
 
 if TYPE_CHECKING:
     from web.routes import Route
@@ -29,7 +30,9 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data", "text/
 def own_origins(request: web.Request) -> set[str]:
     """The origins the pages are served at: the request's own, and FARM_WEB_ORIGINS."""
     extra = request.app[SETTINGS].web_origins.split(",")
-    return {f"{request.scheme}://{request.host}".lower()} | {
+    # behind a TLS front door the pages were served over https, whatever this hop is
+    schemes = {request.scheme, "https"} if forwarded_tls(request) else {request.scheme}
+    return {f"{s}://{request.host}".lower() for s in schemes} | {
         o.strip().rstrip("/").lower() for o in extra if o.strip()
     }
 
@@ -184,7 +187,7 @@ async def login(request: web.Request) -> web.Response:
         max_age=int(settings.session_ttl_s),
         httponly=True,
         samesite="Strict",
-        secure=request.secure or settings.tls_cert is not None,
+        secure=over_tls(request),
         path="/",
     )
     log.info("event=login user=%s", user.name)

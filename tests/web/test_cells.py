@@ -483,3 +483,30 @@ def test_the_pages_through_the_front_door_list_every_cells_projects_and_say_when
     finally:
         one.close()
         two.close()
+
+
+async def test_behind_a_tls_front_door_a_cell_answers_as_over_tls(farm: Farm) -> None:
+    """The door says the client came over TLS (X-Forwarded-Proto: https, set by the door itself);
+    the cell's web, reached over plain HTTP, then marks its login cookie Secure, sends HSTS and
+    takes its pages' https Origin as its own."""
+    async with TestServer(create_app(farm.c1)) as one, aiohttp.ClientSession() as client:
+        direct = str(one.make_url("")).rstrip("/")
+        host = f"{one.host}:{one.port}"
+        tls = {"X-Forwarded-Proto": "https", "Origin": f"https://{host}"}
+        resp = await client.post(f"{direct}/api/login", json={"token": farm.alice}, headers=tls)
+        assert resp.status == 200, await resp.text()
+        cookie = resp.headers["Set-Cookie"]
+        assert "Secure" in cookie and "HttpOnly" in cookie
+        assert "Strict-Transport-Security" in resp.headers
+        session = cookie.split(";", 1)[0]
+        # a write with the session cookie from the page the door served over https
+        resp = await client.post(f"{direct}/api/logout", headers={**tls, "Cookie": session})
+        assert resp.status == 200, await resp.text()
+        # without the door's word, plain HTTP: no Secure cookie, and https is another origin
+        plain = await client.post(f"{direct}/api/login", json={"token": farm.alice})
+        assert "Secure" not in plain.headers["Set-Cookie"]
+        session = plain.headers["Set-Cookie"].split(";", 1)[0]
+        refused = await client.post(
+            f"{direct}/api/logout", headers={"Origin": f"https://{host}", "Cookie": session}
+        )
+        assert refused.status == 403
