@@ -277,9 +277,17 @@ async def _batch(request: web.Request, body: bytes) -> web.StreamResponse:
         cell = next(iter(by_cell), _default(request.app[CELLS]))
         return await _relay(request, await _send(request, cell, body))
     results: dict[str, Any] = {}
-    answer: dict[str, Any] = {}
+    answer: dict[str, Any] = {"action": data.get("action")}
     for cell, part in by_cell.items():
-        upstream = await _send(request, cell, json.dumps({**data, "ids": part}).encode())
+        try:
+            upstream = await _send(request, cell, json.dumps({**data, "ids": part}).encode())
+        except web.HTTPBadGateway:
+            # the other cells acted on theirs: each of this cell's jobs says why it did not
+            message = f"cell {cell} of the farm does not answer; try again in a moment"
+            for i in part:
+                results[i] = {"job_id": i, "ok": False, "status": 502,
+                              "error": "cell_unreachable", "message": message}  # fmt: skip
+            continue
         if upstream.status != 200:
             return await _relay(request, upstream)
         try:

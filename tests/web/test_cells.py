@@ -9,6 +9,7 @@ another cell's project answers 421."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -33,7 +34,7 @@ from farm.metrics import REGISTRY
 from farm.redisserver import RedisServer
 from farm.settings import Settings
 from tests.conftest import TESTDATA
-from tests.web.conftest import bearer, make_web_settings, scene_report
+from tests.web.conftest import bearer, make_job, make_web_settings, scene_report
 from tests.web.test_addon_client import LiveWeb
 from web import frontdoor
 from web.app import create_app
@@ -325,7 +326,7 @@ def _counted(cell: str, status: str) -> float:
     return found or 0.0
 
 
-async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
+async def test_a_cell_that_does_not_answer_is_named(farm: Farm, tmp_path: Path) -> None:
     before = {k: _counted(*k) for k in (("c1", "2xx"), ("c2", "unreachable"))}
     async with TestServer(create_app(farm.c1)) as one:
         with socket.socket() as free:
@@ -348,9 +349,19 @@ async def test_a_cell_that_does_not_answer_is_named(farm: Farm) -> None:
             # what the other cell holds is served as ever
             resp = await client.get(url + "/api/jobs?project=A", headers=bearer(farm.alice))
             assert resp.status == 200
+            # a batch across both: the live cell acts on its job, the other's job says why not
+            mine = await asyncio.to_thread(make_job, farm.c1, "A", tmp_path / "out")
+            theirs = "c2-20261207-101500-0123abcd"
+            resp = await client.post(
+                url + "/api/jobs/batch", headers=bearer(farm.alice),
+                json={"action": "suspend", "ids": [theirs, mine]},
+            )  # fmt: skip
+            assert resp.status == 200, await resp.text()
+            got = [(r["job_id"], r["ok"], r.get("error")) for r in (await resp.json())["results"]]
+            assert got == [(theirs, False, "cell_unreachable"), (mine, True, None)]
     # the door's own metrics count each cell's answers and silences
     after = {k: _counted(*k) - before[k] for k in before}
-    assert after == {("c1", "2xx"): 2.0, ("c2", "unreachable"): 2.0}, after
+    assert after == {("c1", "2xx"): 3.0, ("c2", "unreachable"): 3.0}, after
     timed = REGISTRY.get_sample_value(
         "tessera_frontdoor_request_duration_seconds_count", {"cell": "c1"}
     )
@@ -451,6 +462,35 @@ async def test_a_large_body_streams_to_its_cell_with_its_length_and_the_clients_
     assert headers["X-Forwarded-For"] == "127.0.0.1"  # the door's, not the client's claim
 
 
+async def test_behind_a_tls_front_door_a_cell_answers_as_over_tls(farm: Farm) -> None:
+    """The door says the client came over TLS (X-Forwarded-Proto: https, set by the door itself);
+    the cell's web, reached over plain HTTP, then marks its login cookie Secure, sends HSTS and
+    takes its pages' https Origin as its own."""
+    async with TestServer(create_app(farm.c1)) as one, aiohttp.ClientSession() as client:
+        direct = str(one.make_url("")).rstrip("/")
+        host = f"{one.host}:{one.port}"
+        tls = {"X-Forwarded-Proto": "https", "Origin": f"https://{host}"}
+        resp = await client.post(f"{direct}/api/login", json={"token": farm.alice}, headers=tls)
+        assert resp.status == 200, await resp.text()
+        cookie = resp.headers["Set-Cookie"]
+        assert "Secure" in cookie and "HttpOnly" in cookie
+        assert "Strict-Transport-Security" in resp.headers
+        session = cookie.split(";", 1)[0]
+        # a write with the session cookie from the page the door served over https
+        resp = await client.post(f"{direct}/api/logout", headers={**tls, "Cookie": session})
+        assert resp.status == 200, await resp.text()
+        # without the door's word, plain HTTP: no Secure cookie, and https is another origin
+        plain = await client.post(f"{direct}/api/login", json={"token": farm.alice})
+        assert "Secure" not in plain.headers["Set-Cookie"]
+        session = plain.headers["Set-Cookie"].split(";", 1)[0]
+        refused = await client.post(
+            f"{direct}/api/logout", headers={"Origin": f"https://{host}", "Cookie": session}
+        )
+        assert refused.status == 403
+
+
+# Last in the module: Playwright's sync API keeps an event loop running in this thread once
+# the browser starts, and the async tests above run their own.
 def test_the_pages_through_the_front_door_list_every_cells_projects_and_say_when_one_is_down(
     farm: Farm, browser: Browser
 ) -> None:
@@ -483,30 +523,3 @@ def test_the_pages_through_the_front_door_list_every_cells_projects_and_say_when
     finally:
         one.close()
         two.close()
-
-
-async def test_behind_a_tls_front_door_a_cell_answers_as_over_tls(farm: Farm) -> None:
-    """The door says the client came over TLS (X-Forwarded-Proto: https, set by the door itself);
-    the cell's web, reached over plain HTTP, then marks its login cookie Secure, sends HSTS and
-    takes its pages' https Origin as its own."""
-    async with TestServer(create_app(farm.c1)) as one, aiohttp.ClientSession() as client:
-        direct = str(one.make_url("")).rstrip("/")
-        host = f"{one.host}:{one.port}"
-        tls = {"X-Forwarded-Proto": "https", "Origin": f"https://{host}"}
-        resp = await client.post(f"{direct}/api/login", json={"token": farm.alice}, headers=tls)
-        assert resp.status == 200, await resp.text()
-        cookie = resp.headers["Set-Cookie"]
-        assert "Secure" in cookie and "HttpOnly" in cookie
-        assert "Strict-Transport-Security" in resp.headers
-        session = cookie.split(";", 1)[0]
-        # a write with the session cookie from the page the door served over https
-        resp = await client.post(f"{direct}/api/logout", headers={**tls, "Cookie": session})
-        assert resp.status == 200, await resp.text()
-        # without the door's word, plain HTTP: no Secure cookie, and https is another origin
-        plain = await client.post(f"{direct}/api/login", json={"token": farm.alice})
-        assert "Secure" not in plain.headers["Set-Cookie"]
-        session = plain.headers["Set-Cookie"].split(";", 1)[0]
-        refused = await client.post(
-            f"{direct}/api/logout", headers={"Origin": f"https://{host}", "Cookie": session}
-        )
-        assert refused.status == 403
