@@ -82,6 +82,9 @@ class Accounts:
     def __init__(self, conn: Redis, cell: str = "") -> None:
         self.conn = conn
         self.cell = cell
+        #: project -> its cell, once read: a pin never changes, so a web (or the front door)
+        #: reads each project's once, not on every request
+        self._pins: dict[str, str] = {}
 
     # --- users and projects -------------------------------------------------------------------
 
@@ -132,23 +135,30 @@ class Accounts:
 
     def _cells(self, projects: list[str]) -> dict[str, str]:
         """The cell of each project, pinning those that have none yet to this one."""
-        pipe = self.conn.pipeline(transaction=False)
-        for p in projects:
-            pipe.hget(keys.project(p), "cell")
-        cells = dict(zip(projects, guard(pipe.execute) if projects else [], strict=True))
-        unpinned = [p for p, c in cells.items() if not c]
-        if unpinned:
+        unread = [p for p in projects if p not in self._pins]
+        if unread:
             pipe = self.conn.pipeline(transaction=False)
-            for p in unpinned:
-                pipe.hsetnx(keys.project(p), "cell", self.cell)
+            for p in unread:
                 pipe.hget(keys.project(p), "cell")
-            cells.update(zip(unpinned, guard(pipe.execute)[1::2], strict=True))
-        return cells
+            found = dict(zip(unread, guard(pipe.execute), strict=True))
+            unpinned = [p for p, c in found.items() if not c]
+            if unpinned:
+                pipe = self.conn.pipeline(transaction=False)
+                for p in unpinned:
+                    pipe.hsetnx(keys.project(p), "cell", self.cell)
+                    pipe.hget(keys.project(p), "cell")
+                found.update(zip(unpinned, guard(pipe.execute)[1::2], strict=True))
+            self._pins.update((p, c) for p, c in found.items() if c)
+        return {p: self._pins[p] for p in projects if p in self._pins}
 
     def project_cell(self, project: str) -> str | None:
         """The cell ``project`` is pinned to; None for one not pinned yet (or no such project)."""
-        cell: str | None = guard(self.conn.hget, keys.project(project), "cell")
-        return cell
+        if project not in self._pins:
+            cell: str | None = guard(self.conn.hget, keys.project(project), "cell")
+            if not cell:
+                return None
+            self._pins[project] = cell
+        return self._pins[project]
 
     def project_names(self, projects: list[str]) -> dict[str, str]:
         pipe = self.conn.pipeline()

@@ -51,22 +51,19 @@ def parse_cells(text: str) -> dict[str, str]:
     return cells
 
 
-def cell_of(job_id: str) -> str | None:
-    """The cell a job id names (``c2`` for ``c2-20261207-...``), None for a farm of one cell."""
-    if not JOB_ID_RE.fullmatch(job_id):
-        return None
-    head = job_id.split("-", 1)[0]
-    return None if head.isdigit() else head
+def named(cell: str, ident: str) -> str:
+    """``ident`` as a cell's id: ``<cell>-<ident>`` in a farm of cells, itself in one of one."""
+    return f"{cell}-{ident}" if cell else ident
 
 
 def new_id(cell: str, hex_digits: int) -> str:
-    """A random id of ``hex_digits``, after ``<cell>-`` in a farm of cells (an upload session,
-    a stream session): the front door sends a request about it to its cell by the id alone."""
-    token = secrets.token_hex((hex_digits + 1) // 2)[:hex_digits]
-    return f"{cell}-{token}" if cell else token
+    """A random id of ``hex_digits`` that names its cell (an upload session, a stream session):
+    the front door sends a request about it to its cell by the id alone."""
+    return named(cell, secrets.token_hex((hex_digits + 1) // 2)[:hex_digits])
 
 
 def cell_in(ident: str) -> str | None:
-    """The cell an id made by ``new_id`` names, None for an id without one."""
+    """The cell an id names (``c2`` for ``c2-20261207-...`` or ``c2-0123abcd``), None for an
+    id that names none (a farm of one cell's: a job id begins with digits)."""
     head, sep, _ = ident.partition("-")
     return head if sep and CELL_RE.fullmatch(head) else None

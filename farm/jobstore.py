@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from farm import jobscripts, keys, redisclient, redisclock
+from farm import cells, jobscripts, keys, redisclient, redisclock
 from farm.alloc import usage
 from farm.errors import Conflict, NotFound
 from farm.models import Event, JobSpec, JobStatus, TileTask, tile_key
@@ -87,8 +87,7 @@ class JobStore:
     # --- creating -------------------------------------------------------------------------
 
     def new_job_id(self) -> str:
-        job_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
-        return f"{self.cell}-{job_id}" if self.cell else job_id
+        return cells.named(self.cell, time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8])
 
     def stage_job(
         self, pipe: Any, job_id: str, spec: JobSpec, warnings: list[str], scripts_blocked: bool

@@ -45,9 +45,9 @@ import aiohttp
 from aiohttp import web
 
 from farm import cells as farm_cells
-from farm import jobstore, keys, metrics
+from farm import jobstore, metrics
+from farm.accounts import Accounts
 from farm.httperrors import error_body
-from farm.redisclient import Redis, guard
 from farm.settings import Settings
 from web import wsrelay
 from web.jobs import merged_jobs
@@ -56,10 +56,9 @@ log = logging.getLogger("tessera.frontdoor")
 
 SETTINGS = web.AppKey("settings", Settings)
 CELLS = web.AppKey("cells", dict[str, str])
-CONTROL = web.AppKey("control", Redis)
+#: the accounts in the control Redis: projects' pins (kept once read) and whether one exists
+ACCOUNTS = web.AppKey("accounts", Accounts)
 CLIENT = web.AppKey("client", aiohttp.ClientSession)
-#: project -> cell, for projects already pinned (a pin never changes)
-PINNED = web.AppKey("pinned", dict[str, str])
 
 #: headers of one hop only (RFC 9110 7.6.1), never passed on
 HOP_HEADERS = frozenset(
@@ -105,17 +104,17 @@ def _passed(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
 
 
+def _handshake_free(request: web.Request) -> dict[str, str]:
+    """The client's headers for a WebSocket to a cell, less its own handshake's (the door's
+    client makes its own key; the probe asks with a plain GET)."""
+    return {k: v for k, v in _passed(request.headers).items()
+            if not k.lower().startswith("sec-websocket")}  # fmt: skip
+
+
 async def _project_cell(app: web.Application, project: str) -> str:
     cells = app[CELLS]
-    cell = app[PINNED].get(project)
-    if cell is None:
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(
-            None, guard, app[CONTROL].hget, keys.project(project), "cell"
-        )
-        if found in cells:
-            cell = app[PINNED][project] = found
-    return cell or _default(cells)
+    pinned = await asyncio.to_thread(app[ACCOUNTS].project_cell, project)
+    return pinned if pinned in cells else _default(cells)
 
 
 def _body_project(body: bytes | None, content_type: str) -> str | None:
@@ -134,7 +133,7 @@ async def _chosen(request: web.Request, body: bytes | None) -> str | None:
     cells = request.app[CELLS]
     if match := _CELL_ID.match(request.path):
         ident = match.group(1) or match.group(2) or match.group(3)
-        named = farm_cells.cell_of(ident) if match.group(1) else farm_cells.cell_in(ident)
+        named = farm_cells.cell_in(ident)
         if named in cells:
             return named
         if match.group(1) and farm_cells.JOB_ID_RE.fullmatch(ident):
@@ -266,7 +265,7 @@ async def _batch(request: web.Request, body: bytes) -> web.StreamResponse:
         ids = list(dict.fromkeys(data["ids"]))
         by_cell: dict[str, list[str]] = {}
         for job_id in ids:
-            named = farm_cells.cell_of(job_id) if isinstance(job_id, str) else None
+            named = farm_cells.cell_in(job_id) if isinstance(job_id, str) else None
             by_cell.setdefault(
                 named if named in request.app[CELLS] else _default(request.app[CELLS]), []
             ).append(job_id)
@@ -314,11 +313,7 @@ async def _new_project(request: web.Request, body: bytes) -> web.StreamResponse 
     if named is not None and named not in cells:
         message = f"cell {named!r} is not one of this farm's: {', '.join(cells)}"
         return web.json_response(error_body("bad_parameter", message, field="cell"), status=400)
-    loop = asyncio.get_running_loop()
-    exists = await loop.run_in_executor(
-        None, guard, request.app[CONTROL].hexists, keys.project(project), "created"
-    )
-    if exists:
+    if await asyncio.to_thread(request.app[ACCOUNTS].project_exists, project):
         return None
     cell = named or list(cells)[zlib.crc32(project.encode()) % len(cells)]
     sent = json.dumps({**data, "cell": cell}).encode()
@@ -327,10 +322,7 @@ async def _new_project(request: web.Request, body: bytes) -> web.StreamResponse 
 
 async def _websocket(request: web.Request, cell: str) -> web.StreamResponse:
     url = request.app[CELLS][cell].replace("http", "ws", 1) + request.path_qs
-    headers = {
-        k: v for k, v in _passed(request.headers).items()
-        if not k.lower().startswith("sec-websocket")
-    }  # fmt: skip
+    headers = _handshake_free(request)
     try:
         far = await request.app[CLIENT].ws_connect(
             url, headers=headers, max_msg_size=0,
@@ -347,8 +339,7 @@ async def _probe_cell(request: web.Request) -> str:
     anything but 404 (the cell that holds it answers 400, no upgrade asked)."""
     for cell in request.app[CELLS]:
         url = request.app[CELLS][cell] + request.path_qs
-        headers = {k: v for k, v in _passed(request.headers).items()
-                   if not k.lower().startswith("sec-websocket")}  # fmt: skip
+        headers = _handshake_free(request)
         async with request.app[CLIENT].get(url, headers=headers, allow_redirects=False) as r:
             if r.status not in NOT_HERE:
                 return cell
@@ -400,16 +391,16 @@ async def health(request: web.Request) -> web.Response:
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    app[CONTROL] = jobstore.connect(settings.accounts_redis_url)
+    control = jobstore.connect(settings.accounts_redis_url)
+    app[ACCOUNTS] = Accounts(control)
     app[CLIENT] = aiohttp.ClientSession(
         auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, connect=10)
     )
-    app[PINNED] = {}
     try:
         yield
     finally:
         await app[CLIENT].close()
-        app[CONTROL].close()
+        control.close()
 
 
 def create_frontdoor(settings: Settings) -> web.Application:

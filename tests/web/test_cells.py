@@ -14,6 +14,7 @@ import io
 import json
 import os
 import socket
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -487,6 +488,25 @@ async def test_behind_a_tls_front_door_a_cell_answers_as_over_tls(farm: Farm) ->
             f"{direct}/api/logout", headers={"Origin": f"https://{host}", "Cookie": session}
         )
         assert refused.status == 403
+
+
+def test_a_cells_web_reads_each_projects_pin_once(farm: Farm, round_trips: Counter[str]) -> None:
+    """Every request loads its user; in a farm of cells that means the cells of their projects.
+    Pins never change, so after the first request the user costs the one round trip it did
+    before cells."""
+    conn = jobstore.connect(farm.control)
+    try:
+        accounts = Accounts(conn, cell="c1")
+        me = threading.current_thread().name
+        first = accounts.user("alice")
+        before = round_trips[me]
+        again = accounts.user("alice")
+        assert round_trips[me] - before == 1
+        assert first is not None and again is not None
+        assert again.cells == first.cells == {"A": "c1", "B": "c2", "C": "c1"}
+        assert again.projects_in("c1") == ["A", "C"]
+    finally:
+        conn.close()
 
 
 # Last in the module: Playwright's sync API keeps an event loop running in this thread once
